@@ -1,0 +1,1 @@
+"""rlsandbox client (placeholder until the API lands)."""

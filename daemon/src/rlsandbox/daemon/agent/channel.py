@@ -1,0 +1,236 @@
+"""A multiplexed request channel to one in-sandbox agent over a byte transport.
+
+The transport is the container's attached stdin/stdout in production and a plain subprocess pipe
+in unit tests; the channel does not care which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from rlsandbox.daemon.agent import protocol as p
+from rlsandbox.daemon.errors import AgentProtocolError, DeadlineExceeded, InvalidArgument, SandboxDied
+from rlsandbox.daemon.model import ExecRequest, ExecResult, FileRead, FileStat, FileWrite, FileWriteResult, OutputChunk
+
+log = logging.getLogger(__name__)
+
+ChunkCallback = Callable[[OutputChunk], None]
+
+# Slack on top of a command's own timeout before the daemon stops waiting for the agent: the agent
+# kills the command at its timeout and answers; only a wedged agent needs this.
+REPLY_SLACK = 10.0
+STDERR_TAIL = 4096
+
+
+class ByteTransport(Protocol):
+    async def send(self, data: bytes) -> None: ...
+
+    async def receive(self) -> tuple[int, bytes] | None:
+        """Next chunk as ``(1 for stdout or 2 for stderr, data)``; ``None`` at end of stream."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class _Pending:
+    __slots__ = ("future", "on_chunk", "stdout", "stderr")
+
+    def __init__(self, future: asyncio.Future[tuple[dict[str, Any], bytes]], on_chunk: ChunkCallback | None) -> None:
+        self.future = future
+        self.on_chunk = on_chunk
+        self.stdout: list[bytes] = []
+        self.stderr: list[bytes] = []
+
+
+class AgentChannel:
+    """Requests to one agent, many in flight, answered by request id."""
+
+    def __init__(self, transport: ByteTransport, *, name: str) -> None:
+        self._transport = transport
+        self._name = name
+        self._decoder = p.FrameDecoder()
+        self._pending: dict[int, _Pending] = {}
+        self._ids = itertools.count(1)
+        self._reader: asyncio.Task[None] | None = None
+        self._closed_reason: str | None = None
+        self.stderr_tail = b""
+        self.info: dict[str, Any] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    @property
+    def alive(self) -> bool:
+        return self._closed_reason is None
+
+    @property
+    def closed_reason(self) -> str | None:
+        return self._closed_reason
+
+    async def start(self, timeout: float) -> dict[str, Any]:
+        """Start reading and wait until the agent answers a ping; returns its hello facts."""
+        self._reader = asyncio.get_running_loop().create_task(self._read_loop(), name=f"agent-reader-{self._name}")
+        meta, _ = await self.request(p.K_PING, {}, timeout=timeout)
+        if meta.get("protocol") != p.PROTOCOL_VERSION:
+            raise AgentProtocolError(f"agent in {self._name} speaks protocol {meta.get('protocol')}, not {p.PROTOCOL_VERSION}")
+        self.info = meta
+        return meta
+
+    async def request(
+        self,
+        kind: int,
+        meta: dict[str, Any],
+        body: bytes = b"",
+        *,
+        timeout: float,
+        on_chunk: ChunkCallback | None = None,
+    ) -> tuple[dict[str, Any], bytes]:
+        if self._closed_reason is not None:
+            raise SandboxDied(f"sandbox {self._name} is gone: {self._closed_reason}", container_id=self._name)
+        rid = next(self._ids) & 0xFFFFFFFF
+        future: asyncio.Future[tuple[dict[str, Any], bytes]] = asyncio.get_running_loop().create_future()
+        pending = self._pending[rid] = _Pending(future, on_chunk)
+        try:
+            try:
+                frame = p.encode_frame(kind, rid, p.dumps(meta), body)
+            except p.ProtocolError as e:
+                raise InvalidArgument(f"request too large for the sandbox agent: {e}") from None
+            await self._transport.send(frame)
+            try:
+                async with asyncio.timeout(timeout):
+                    result_meta, result_body = await asyncio.shield(future)
+            except TimeoutError:
+                raise DeadlineExceeded(
+                    f"sandbox {self._name} did not answer within {timeout:.1f} s", container_id=self._name
+                ) from None
+            except asyncio.CancelledError:
+                if kind == p.K_EXEC and self.alive:
+                    self._cancel_remote(rid)
+                raise
+        finally:
+            self._pending.pop(rid, None)
+        if kind == p.K_EXEC:
+            result_meta["_streamed"] = (b"".join(pending.stdout), b"".join(pending.stderr))
+        return result_meta, result_body
+
+    def _cancel_remote(self, rid: int) -> None:
+        """Ask the agent to kill a command whose caller went away. The send is a tracked task
+        (awaited in :meth:`close`): the caller is being cancelled and cannot await it."""
+        frame = p.encode_frame(p.K_CANCEL, 0, p.dumps({"target": rid}))
+        task = asyncio.get_running_loop().create_task(self._transport.send(frame))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def exec(self, req: ExecRequest, on_chunk: ChunkCallback | None = None) -> ExecResult:
+        meta, body = p.exec_request(req, stream=True)
+        result_meta, result_body = await self.request(
+            p.K_EXEC, meta, body, timeout=req.timeout + REPLY_SLACK, on_chunk=on_chunk
+        )
+        streamed = result_meta.pop("_streamed", (b"", b""))
+        if result_meta.get("error"):
+            raise SandboxDied(f"command did not run in {self._name}: {result_meta['error']}", container_id=self._name)
+        return p.exec_result(result_meta, result_body, streamed=streamed)
+
+    async def write_files(self, files: Sequence[FileWrite], timeout: float) -> list[FileWriteResult]:
+        meta, body = p.write_files_request(files)
+        result, _ = await self.request(p.K_WRITE_FILES, meta, body, timeout=timeout)
+        return p.write_files_result(result)
+
+    async def read_files(self, paths: Sequence[str], max_bytes: int, timeout: float) -> list[FileRead]:
+        result, body = await self.request(p.K_READ_FILES, {"paths": list(paths), "max_bytes": max_bytes}, timeout=timeout)
+        return p.read_files_result(result, body)
+
+    async def list_dir(self, path: str, *, recursive: bool, max_entries: int, timeout: float) -> tuple[list[FileStat], bool]:
+        result, _ = await self.request(
+            p.K_LIST, {"path": path, "recursive": recursive, "max_entries": max_entries}, timeout=timeout
+        )
+        return [p.stat_result(e) for e in result["entries"]], bool(result.get("truncated"))
+
+    async def stat(self, paths: Sequence[str], timeout: float) -> list[FileStat]:
+        result, _ = await self.request(p.K_STAT, {"paths": list(paths)}, timeout=timeout)
+        return [p.stat_result(s) for s in result["stats"]]
+
+    async def close_shell(self, name: str, timeout: float) -> bool:
+        result, _ = await self.request(p.K_SHELL_CLOSE, {"session": name}, timeout=timeout)
+        return bool(result.get("found"))
+
+    async def ping(self, timeout: float) -> dict[str, Any]:
+        meta, _ = await self.request(p.K_PING, {}, timeout=timeout)
+        return meta
+
+    async def close(self, reason: str = "closed") -> None:
+        self._fail_all(reason)
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        try:
+            await self._transport.close()
+        finally:
+            if self._reader is not None:
+                self._reader.cancel()
+                await asyncio.gather(self._reader, return_exceptions=True)
+
+    def _fail_all(self, reason: str) -> None:
+        if self._closed_reason is None:
+            self._closed_reason = reason
+        for pending in self._pending.values():
+            if not pending.future.done():
+                pending.future.set_exception(
+                    SandboxDied(f"sandbox {self._name} went away: {reason}", container_id=self._name)
+                )
+        self._pending.clear()
+
+    async def _read_loop(self) -> None:
+        reason = "agent stream ended"
+        try:
+            while True:
+                chunk = await self._transport.receive()
+                if chunk is None:
+                    if self.stderr_tail:
+                        reason += f" (agent stderr: {self.stderr_tail[-500:].decode('utf-8', 'replace').strip()})"
+                    break
+                stream, data = chunk
+                if stream == 2:
+                    self.stderr_tail = (self.stderr_tail + data)[-STDERR_TAIL:]
+                    continue
+                try:
+                    frames = self._decoder.feed(data)
+                except p.UnsupportedVersion as e:
+                    log.warning("agent %s: %s", self._name, e)
+                    frames = e.frames  # type: ignore[attr-defined]
+                for kind, rid, meta, body in frames:
+                    self._dispatch(kind, rid, meta, body)
+        except p.ProtocolError as e:
+            reason = f"agent protocol error: {e}"
+            log.error("sandbox %s: %s", self._name, reason)
+        except asyncio.CancelledError:
+            reason = "channel closed"
+            raise
+        except Exception as e:  # the transport broke: every caller must hear about it
+            reason = f"agent stream failed: {type(e).__name__}: {e}"
+        finally:
+            self._fail_all(reason)
+
+    def _dispatch(self, kind: int, rid: int, meta: bytes, body: bytes) -> None:
+        pending = self._pending.get(rid)
+        if pending is None:
+            if kind == p.K_ERROR:
+                log.warning("agent %s error for request %d: %r", self._name, rid, meta[:300])
+            return  # a late answer to a caller that gave up
+        if kind == p.K_STDOUT or kind == p.K_STDERR:
+            stream = 1 if kind == p.K_STDOUT else 2
+            if pending.on_chunk is not None:
+                pending.on_chunk(OutputChunk(stream, body))
+            (pending.stdout if stream == 1 else pending.stderr).append(body)
+            return
+        if pending.future.done():
+            return
+        decoded = p.loads(meta)
+        if kind == p.K_RESULT:
+            pending.future.set_result((decoded, body))
+        elif kind == p.K_ERROR:
+            exc_type = InvalidArgument if decoded.get("code") in ("bad_request", "os_error") else AgentProtocolError
+            pending.future.set_exception(exc_type(f"sandbox agent: {decoded.get('message', decoded)}"))
+        else:
+            pending.future.set_exception(AgentProtocolError(f"unexpected frame kind {kind} from agent {self._name}"))

@@ -1,0 +1,885 @@
+"""rlsandbox in-sandbox agent: one stdlib-only file, Python >= 3.8.
+
+The daemon starts this file as PID 1 of every sandbox whose image has python3 and talks to it over
+the container's attached stdin/stdout, so that a command costs a fork/exec inside the sandbox
+instead of a ``docker exec`` round trip through dockerd and runc.
+
+Wire format (both directions), all integers big endian::
+
+    magic "RX" | version u8 | kind u8 | request id u32 | meta length u32 | body length u32
+    meta: UTF-8 JSON object | body: raw bytes
+
+Many requests are in flight at once; every response frame carries the id of its request. A request
+ends with exactly one RESULT or ERROR frame; EXEC may send STDOUT/STDERR chunks before it.
+
+The framing half of this file (``encode_frame``, ``FrameDecoder``) is imported by the daemon too,
+so both ends share one implementation.
+"""
+
+import errno
+import fcntl
+import json
+import os
+import selectors
+import signal
+import stat as stat_mod
+import struct
+import subprocess
+import sys
+import time
+
+PROTOCOL_VERSION = 1
+AGENT_VERSION = "1.0"
+MAGIC = b"RX"
+HEADER = struct.Struct(">2sBBIII")
+MAX_META = 1 << 20
+MAX_BODY = 256 << 20
+
+# Requests (daemon -> agent).
+K_PING = 1
+K_EXEC = 2
+K_CANCEL = 3
+K_WRITE_FILES = 4
+K_READ_FILES = 5
+K_LIST = 6
+K_STAT = 7
+K_SHELL_CLOSE = 8
+K_SHUTDOWN = 9
+# Responses (agent -> daemon).
+K_STDOUT = 16
+K_STDERR = 17
+K_RESULT = 18
+K_ERROR = 19
+
+READ_CHUNK = 1 << 16
+DRAIN_GRACE = 0.1  # seconds to wait for pipe EOF after the command's main process exited
+SHELL_KILL_GRACE = 1.0  # seconds a timed-out shell command gets before the whole shell is killed
+SCRATCH = "/tmp/.rlsandbox"
+
+
+class ProtocolError(Exception):
+    """The byte stream is not a valid rlsandbox frame stream."""
+
+
+class UnsupportedVersion(ProtocolError):
+    """A well-formed frame of a protocol version this side does not speak."""
+
+    def __init__(self, version, request_id):
+        ProtocolError.__init__(
+            self, "protocol version %d is not supported (this side speaks %d)" % (version, PROTOCOL_VERSION)
+        )
+        self.version = version
+        self.request_id = request_id
+
+
+def encode_frame(kind, request_id, meta=b"{}", body=b""):
+    """Return one frame as bytes. ``meta`` is already-encoded JSON."""
+    if len(meta) > MAX_META or len(body) > MAX_BODY:
+        raise ProtocolError("frame too large: meta %d bytes, body %d bytes" % (len(meta), len(body)))
+    return b"".join((HEADER.pack(MAGIC, PROTOCOL_VERSION, kind, request_id, len(meta), len(body)), meta, body))
+
+
+class FrameDecoder(object):
+    """Incremental decoder: feed it any slices of the stream, get whole frames back.
+
+    ``feed`` returns a list of ``(kind, request_id, meta_bytes, body_bytes)``. A frame of another
+    protocol version is skipped whole and reported by raising ``UnsupportedVersion`` (the stream
+    stays usable); bad magic or an oversized frame raise ``ProtocolError`` (the stream is lost).
+    """
+
+    __slots__ = ("_buf", "_pending")
+
+    def __init__(self):
+        self._buf = bytearray()
+        self._pending = None
+
+    def feed(self, data):
+        self._buf += data
+        frames = []
+        buf = self._buf
+        pos = 0
+        skipped = None
+        while True:
+            if len(buf) - pos < HEADER.size:
+                break
+            magic, version, kind, rid, meta_len, body_len = HEADER.unpack_from(buf, pos)
+            if magic != MAGIC:
+                raise ProtocolError("bad frame magic %r at offset %d" % (bytes(magic), pos))
+            if meta_len > MAX_META or body_len > MAX_BODY:
+                raise ProtocolError("frame too large: meta %d bytes, body %d bytes" % (meta_len, body_len))
+            end = pos + HEADER.size + meta_len + body_len
+            if len(buf) < end:
+                break
+            if version != PROTOCOL_VERSION:
+                if skipped is None:
+                    skipped = UnsupportedVersion(version, rid)
+                pos = end
+                continue
+            start = pos + HEADER.size
+            frames.append((kind, rid, bytes(buf[start : start + meta_len]), bytes(buf[start + meta_len : end])))
+            pos = end
+        if pos:
+            del buf[:pos]
+        if skipped is not None:
+            skipped.frames = frames
+            raise skipped
+        return frames
+
+    @property
+    def buffered(self):
+        return len(self._buf)
+
+
+# ----------------------------------------------------------------------------------------------
+# The agent proper: everything below runs inside the sandbox only.
+
+
+def _set_nonblocking(fd):
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+
+
+def _dumps(obj):
+    return json.dumps(obj, separators=(",", ":")).encode("utf-8")
+
+
+class _Capture(object):
+    """Keeps the first ``cap`` bytes of a stream and counts all of them."""
+
+    __slots__ = ("cap", "data", "total")
+
+    def __init__(self, cap):
+        self.cap = cap
+        self.data = bytearray()
+        self.total = 0
+
+    def add(self, chunk):
+        """Record ``chunk``; return the part of it that is within the cap."""
+        self.total += len(chunk)
+        room = self.cap - len(self.data)
+        if room <= 0:
+            return b""
+        kept = chunk[:room]
+        self.data += kept
+        return kept
+
+    @property
+    def truncated(self):
+        return self.total > len(self.data)
+
+
+class _Command(object):
+    """One EXEC request: a process of its own, or a command in a persistent shell."""
+
+    def __init__(self, agent, rid, req, stdin):
+        self.agent = agent
+        self.rid = rid
+        self.stream = bool(req.get("stream"))
+        self.out = _Capture(int(req.get("stdout_cap", 1 << 20)))
+        self.err = _Capture(int(req.get("stderr_cap", 1 << 20)))
+        timeout = req.get("timeout")
+        self.started = time.monotonic()
+        self.deadline = self.started + float(timeout) if timeout else None
+        self.timed_out = False
+        self.cancelled = False
+        self.done = False
+
+    def on_output(self, which, chunk):
+        kept = (self.out if which == 1 else self.err).add(chunk)
+        if self.stream and kept:
+            self.agent.send(K_STDOUT if which == 1 else K_STDERR, self.rid, b"{}", kept)
+
+    def finish(self, exit_code, sig, extra=None):
+        if self.done:
+            return
+        self.done = True
+        meta = {
+            "exit_code": exit_code,
+            "signal": sig,
+            "timed_out": self.timed_out,
+            "cancelled": self.cancelled,
+            "duration": time.monotonic() - self.started,
+            "stdout_total": self.out.total,
+            "stderr_total": self.err.total,
+            "stdout_truncated": self.out.truncated,
+            "stderr_truncated": self.err.truncated,
+            "stdout_len": 0 if self.stream else len(self.out.data),
+        }
+        if extra:
+            meta.update(extra)
+        body = b"" if self.stream else bytes(self.out.data) + bytes(self.err.data)
+        self.agent.send(K_RESULT, self.rid, _dumps(meta), body)
+        self.agent.commands.pop(self.rid, None)
+
+
+class _ProcessCommand(_Command):
+    """A command run as its own process group: argv, or ``sh -c`` of a shell string."""
+
+    def __init__(self, agent, rid, req, stdin):
+        _Command.__init__(self, agent, rid, req, stdin)
+        argv = req.get("argv")
+        if not argv:
+            argv = [agent.shell_path, "-c", req["shell"]]
+        env = None
+        if req.get("env"):
+            env = dict(os.environ)
+            env.update(req["env"])
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=req.get("cwd") or None,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+        self.pid = self.proc.pid
+        self.exit_status = None
+        self.exited_at = None
+        self.open_pipes = 2
+        agent.watch(self.proc.stdout.fileno(), self, 1)
+        agent.watch(self.proc.stderr.fileno(), self, 2)
+        if stdin:
+            agent.feed_stdin(self.proc.stdin, stdin)
+        agent.by_pid[self.pid] = self
+
+    def on_eof(self, which):
+        self.open_pipes -= 1
+        self.maybe_finish()
+
+    def on_exit(self, status):
+        self.exit_status = status
+        self.proc.returncode = status  # keep subprocess from ever waiting on this pid again
+        self.exited_at = time.monotonic()
+        self.maybe_finish()
+
+    def kill(self):
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def next_deadline(self):
+        if self.exit_status is not None:
+            return self.exited_at + DRAIN_GRACE
+        return self.deadline
+
+    def on_deadline(self, now):
+        if self.exit_status is not None:
+            self.maybe_finish(force=True)
+        elif self.deadline is not None and now >= self.deadline:
+            self.timed_out = True
+            self.deadline = None
+            self.kill()
+
+    def cancel(self):
+        self.cancelled = True
+        self.kill()
+
+    def maybe_finish(self, force=False):
+        if self.exit_status is None or (self.open_pipes and not force):
+            return
+        for f in (self.proc.stdout, self.proc.stderr):
+            self.agent.unwatch(f.fileno())
+            f.close()
+        if self.proc.stdin:
+            self.agent.drop_stdin(self.proc.stdin)
+        status = self.exit_status
+        if os.WIFSIGNALED(status):
+            self.finish(None, os.WTERMSIG(status))
+        else:
+            self.finish(os.WEXITSTATUS(status), None)
+
+
+class _Shell(object):
+    """A named, persistent bash whose cwd, variables and functions survive across commands."""
+
+    def __init__(self, agent, name):
+        self.agent = agent
+        self.name = name
+        self.queue = []
+        self.current = None
+        self.bufs = {1: bytearray(), 2: bytearray()}
+        self.alive = True
+        self.proc = subprocess.Popen(
+            [agent.bash_path, "--noprofile", "--norc"] if agent.bash_path else [agent.shell_path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+        self.pid = self.proc.pid
+        _set_nonblocking(self.proc.stdin.fileno())
+        agent.watch(self.proc.stdout.fileno(), self, 1)
+        agent.watch(self.proc.stderr.fileno(), self, 2)
+        agent.by_pid[self.pid] = self
+
+    def submit(self, cmd):
+        self.queue.append(cmd)
+        self.pump()
+
+    def pump(self):
+        if self.current is not None or not self.queue or not self.alive:
+            return
+        cmd = self.current = self.queue.pop(0)
+        cmd.started = time.monotonic()
+        if cmd.deadline is not None:
+            cmd.deadline = cmd.started + cmd.timeout
+        self.agent.write_to_shell(self, cmd.script())
+
+    def on_output(self, which, chunk):
+        buf = self.bufs[which]
+        buf += chunk
+        cmd = self.current
+        if cmd is None:
+            del buf[:]  # output of background jobs between commands
+            return
+        marker = cmd.marker
+        idx = buf.find(marker)
+        if idx < 0:
+            keep = len(marker) - 1
+            if len(buf) > keep:
+                cut = len(buf) - keep
+                cmd.on_output(which, bytes(buf[:cut]))
+                del buf[:cut]
+            return
+        if which == 1:
+            nl = buf.find(b"\n", idx + len(marker))
+            if nl < 0:
+                if idx:
+                    cmd.on_output(which, bytes(buf[:idx]))
+                    del buf[:idx]
+                return
+            cmd.exit_code = int(buf[idx + len(marker) : nl] or b"0")
+            rest = nl + 1
+        else:
+            rest = idx + len(marker)
+        if idx:
+            cmd.on_output(which, bytes(buf[:idx]))
+        del buf[:rest]
+        cmd.seen[which] = True
+        if cmd.seen[1] and cmd.seen[2]:
+            self.complete(cmd.exit_code, None)
+
+    def complete(self, exit_code, sig, extra=None):
+        cmd = self.current
+        self.current = None
+        if cmd is not None:
+            cmd.cleanup()
+            cmd.finish(exit_code, sig, extra)
+        self.pump()
+
+    def on_eof(self, which):
+        pass
+
+    def on_exit(self, status):
+        self.proc.returncode = status
+        self.alive = False
+        for f in (self.proc.stdout, self.proc.stderr):
+            try:
+                data = os.read(f.fileno(), READ_CHUNK)
+                if data:
+                    self.on_output(1 if f is self.proc.stdout else 2, data)
+            except OSError:
+                pass
+            self.agent.unwatch(f.fileno())
+            f.close()
+        self.agent.drop_stdin(self.proc.stdin)
+        if self.agent.shells.get(self.name) is self:
+            del self.agent.shells[self.name]
+        code, sig = (None, os.WTERMSIG(status)) if os.WIFSIGNALED(status) else (os.WEXITSTATUS(status), None)
+        if self.current is not None:
+            restarted = self.current.timed_out or self.current.cancelled
+            self.complete(code if not restarted else None, sig if not restarted else signal.SIGKILL,
+                          {"shell_exited": True})
+        for cmd in self.queue:
+            cmd.finish(None, None, {"shell_exited": True, "error": "shell %r exited before this command ran" % self.name})
+        self.queue = []
+
+    def kill_children(self):
+        """Kill everything in the shell's process group except the shell itself."""
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == self.pid:
+                continue
+            try:
+                with open("/proc/%s/stat" % entry, "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                if int(fields[2]) == self.pid:
+                    os.kill(int(entry), signal.SIGKILL)
+            except (OSError, IndexError, ValueError):
+                pass
+
+    def kill(self):
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+class _ShellCommand(_Command):
+    def __init__(self, agent, rid, req, stdin):
+        _Command.__init__(self, agent, rid, req, stdin)
+        self.timeout = float(req["timeout"]) if req.get("timeout") else None
+        token = os.urandom(8).hex()
+        self.marker = ("\x1e__RLS_%s__" % token).encode()
+        self.seen = {1: False, 2: False}
+        self.exit_code = None
+        self.kill_deadline = None
+        self.files = []
+        os.makedirs(SCRATCH, exist_ok=True)
+        self.script_path = os.path.join(SCRATCH, "cmd-%s.sh" % token)
+        with open(self.script_path, "wb") as f:
+            f.write(req["shell"].encode("utf-8", "surrogateescape") + b"\n")
+        self.files.append(self.script_path)
+        self.stdin_path = "/dev/null"
+        if stdin:
+            self.stdin_path = os.path.join(SCRATCH, "stdin-%s" % token)
+            with open(self.stdin_path, "wb") as f:
+                f.write(stdin)
+            self.files.append(self.stdin_path)
+        self.prefix = ""
+        for key, value in (req.get("env") or {}).items():
+            self.prefix += "export %s=%s\n" % (key, _sh_quote(value))
+        if req.get("cwd"):
+            self.prefix += "cd -- %s && " % _sh_quote(req["cwd"])
+        self.shell = None
+
+    def script(self):
+        m = _sh_quote(self.marker.decode())
+        return (
+            "%s{ . %s < %s ; } ; __rls_ec=$? ; printf '%%s%%d\\n' %s \"$__rls_ec\" ; printf '%%s' %s >&2\n"
+            % (self.prefix, _sh_quote(self.script_path), _sh_quote(self.stdin_path), m, m)
+        ).encode("utf-8", "surrogateescape")
+
+    def cleanup(self):
+        for path in self.files:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    def next_deadline(self):
+        if self.kill_deadline is not None:
+            return self.kill_deadline
+        if self.shell is not None and self.shell.current is self:
+            return self.deadline
+        return None
+
+    def on_deadline(self, now):
+        if self.kill_deadline is not None and now >= self.kill_deadline:
+            self.shell.kill()  # the shell itself is stuck (a builtin loop): it has to go
+            self.kill_deadline = None
+        elif self.deadline is not None and now >= self.deadline:
+            self.timed_out = True
+            self.interrupt()
+
+    def interrupt(self):
+        self.deadline = None
+        self.kill_deadline = time.monotonic() + SHELL_KILL_GRACE
+        self.shell.kill_children()
+
+    def cancel(self):
+        self.cancelled = True
+        if self.shell.current is self:
+            self.interrupt()
+        else:
+            self.shell.queue.remove(self)
+            self.cleanup()
+            self.finish(None, None, {"error": "cancelled before it ran"})
+
+    def finish(self, exit_code, sig, extra=None):
+        self.kill_deadline = None
+        _Command.finish(self, exit_code, sig, extra)
+
+
+def _sh_quote(s):
+    return "'" + s.replace("'", "'\"'\"'") + "'"
+
+
+class Agent(object):
+    def __init__(self, infd=0, outfd=1):
+        self.infd = infd
+        self.outfd = outfd
+        self.sel = selectors.DefaultSelector()
+        self.decoder = FrameDecoder()
+        self.outbuf = bytearray()
+        self.commands = {}
+        self.by_pid = {}
+        self.readers = {}
+        self.stdin_feeds = {}
+        self.shells = {}
+        self.running = True
+        self.shell_path = "/bin/sh"
+        self.bash_path = next((p for p in ("/bin/bash", "/usr/bin/bash") if os.path.exists(p)), None)
+        self.wake_r, self.wake_w = os.pipe()
+        for fd in (self.wake_r, self.wake_w, infd, outfd):
+            _set_nonblocking(fd)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *a: None)
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+        self.sel.register(infd, selectors.EVENT_READ, "in")
+
+    # -- output ---------------------------------------------------------------------------------
+    def send(self, kind, rid, meta=b"{}", body=b""):
+        self.outbuf += encode_frame(kind, rid, meta, body)
+        self._flush()
+
+    def error(self, rid, code, message):
+        self.send(K_ERROR, rid, _dumps({"code": code, "message": message}))
+
+    def _flush(self):
+        while self.outbuf:
+            try:
+                n = os.write(self.outfd, self.outbuf)
+            except (BlockingIOError, InterruptedError):
+                break
+            del self.outbuf[:n]
+        self._update_out_interest()
+
+    def _update_out_interest(self):
+        want = bool(self.outbuf)
+        key = self.sel.get_map().get(self.outfd)
+        if want and key is None:
+            self.sel.register(self.outfd, selectors.EVENT_WRITE, "out")
+        elif not want and key is not None:
+            self.sel.unregister(self.outfd)
+
+    # -- child plumbing ---------------------------------------------------------------------------
+    def watch(self, fd, owner, which):
+        _set_nonblocking(fd)
+        self.readers[fd] = (owner, which)
+        self.sel.register(fd, selectors.EVENT_READ, "child")
+
+    def unwatch(self, fd):
+        if self.readers.pop(fd, None) is not None:
+            self.sel.unregister(fd)
+
+    def feed_stdin(self, pipe, data):
+        fd = pipe.fileno()
+        _set_nonblocking(fd)
+        self.stdin_feeds[fd] = [pipe, memoryview(data)]
+        self.sel.register(fd, selectors.EVENT_WRITE, "stdin")
+
+    def write_to_shell(self, shell, data):
+        fd = shell.proc.stdin.fileno()
+        feed = self.stdin_feeds.get(fd)
+        if feed is None:
+            self.stdin_feeds[fd] = [shell.proc.stdin, memoryview(bytes(data)), "keep"]
+            self.sel.register(fd, selectors.EVENT_WRITE, "stdin")
+        else:
+            feed[1] = memoryview(bytes(feed[1]) + data)
+
+    def drop_stdin(self, pipe):
+        if pipe is None:
+            return
+        fd = pipe.fileno() if not pipe.closed else None
+        if fd is not None and self.stdin_feeds.pop(fd, None) is not None:
+            self.sel.unregister(fd)
+        try:
+            pipe.close()
+        except OSError:
+            pass
+
+    def _write_stdin(self, fd):
+        feed = self.stdin_feeds[fd]
+        pipe, view = feed[0], feed[1]
+        try:
+            n = os.write(fd, view[:READ_CHUNK])
+            feed[1] = view = view[n:]
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # the reader went away: the rest of stdin is dropped
+            view = b""
+        if not len(view):
+            del self.stdin_feeds[fd]
+            self.sel.unregister(fd)
+            if len(feed) < 3:
+                pipe.close()
+
+    def _reap(self):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            except InterruptedError:
+                continue
+            if pid == 0:
+                return
+            owner = self.by_pid.pop(pid, None)
+            if owner is not None:
+                owner.on_exit(status)
+            # anything else was an orphan re-parented to us (we are PID 1): reaped, nothing to do
+
+    # -- requests ---------------------------------------------------------------------------------
+    def handle(self, kind, rid, meta, body):
+        try:
+            req = json.loads(meta.decode("utf-8")) if meta else {}
+            if not isinstance(req, dict):
+                raise ValueError("meta must be a JSON object")
+        except ValueError as e:
+            self.error(rid, "bad_request", "meta is not valid JSON: %s" % e)
+            return
+        try:
+            if kind == K_PING:
+                self.send(K_RESULT, rid, _dumps({
+                    "protocol": PROTOCOL_VERSION, "agent_version": AGENT_VERSION, "pid": os.getpid(),
+                    "python": "%d.%d.%d" % sys.version_info[:3], "bash": self.bash_path is not None,
+                }))
+            elif kind == K_EXEC:
+                self._exec(rid, req, body)
+            elif kind == K_CANCEL:
+                cmd = self.commands.get(int(req.get("target", -1)))
+                if cmd is not None:
+                    cmd.cancel()
+                self.send(K_RESULT, rid, _dumps({"found": cmd is not None}))
+            elif kind == K_WRITE_FILES:
+                self.send(K_RESULT, rid, _dumps(_write_files(req, body)))
+            elif kind == K_READ_FILES:
+                meta_out, data = _read_files(req)
+                self.send(K_RESULT, rid, _dumps(meta_out), data)
+            elif kind == K_LIST:
+                self.send(K_RESULT, rid, _dumps(_list_dir(req)))
+            elif kind == K_STAT:
+                self.send(K_RESULT, rid, _dumps({"stats": [_stat(p) for p in req.get("paths", [])]}))
+            elif kind == K_SHELL_CLOSE:
+                shell = self.shells.pop(req.get("session", ""), None)
+                if shell is not None:
+                    shell.kill()
+                self.send(K_RESULT, rid, _dumps({"found": shell is not None}))
+            elif kind == K_SHUTDOWN:
+                self.send(K_RESULT, rid, b"{}")
+                self.running = False
+            else:
+                self.error(rid, "bad_request", "unknown request kind %d" % kind)
+        except (KeyError, TypeError, ValueError) as e:
+            self.error(rid, "bad_request", "%s: %s" % (type(e).__name__, e))
+        except OSError as e:
+            self.error(rid, "os_error", "%s: %s" % (e.strerror or type(e).__name__, e.filename or ""))
+
+    def _exec(self, rid, req, stdin):
+        if rid in self.commands:
+            self.error(rid, "bad_request", "request id %d is already running" % rid)
+            return
+        name = req.get("session")
+        if name:
+            if not req.get("shell"):
+                raise ValueError("a persistent shell session takes a shell string, not argv")
+            shell = self.shells.get(name)
+            if shell is None:
+                shell = self.shells[name] = _Shell(self, name)
+            cmd = _ShellCommand(self, rid, req, stdin)
+            cmd.shell = shell
+            self.commands[rid] = cmd
+            shell.submit(cmd)
+            return
+        if not req.get("argv") and not req.get("shell"):
+            raise ValueError("exec needs a non-empty argv or a shell string")
+        try:
+            cmd = _ProcessCommand(self, rid, req, stdin)
+        except OSError as e:
+            # Like a shell: 127 when the program is missing, 126 when it cannot run.
+            code = 127 if e.errno in (errno.ENOENT, errno.ENOTDIR) else 126
+            if req.get("cwd") and not os.path.isdir(req["cwd"]):
+                code = 126
+            cmd = _Command(self, rid, req, stdin)
+            cmd.on_output(2, ("rlsandbox: cannot run %r: %s\n" % (req.get("argv") or req.get("shell"), e.strerror)).encode())
+            self.commands[rid] = cmd
+            cmd.finish(code, None, {"spawn_error": e.strerror})
+            return
+        self.commands[rid] = cmd
+
+    # -- main loop ----------------------------------------------------------------------------------
+    def _on_term(self, *args):
+        self.running = False
+
+    def _next_timeout(self):
+        deadlines = [d for d in (c.next_deadline() for c in self.commands.values()) if d is not None]
+        if not deadlines:
+            return None
+        return max(0.0, min(deadlines) - time.monotonic())
+
+    def run(self):
+        while self.running:
+            for key, events in self.sel.select(self._next_timeout()):
+                tag = key.data
+                if tag == "in":
+                    self._read_input()
+                elif tag == "child":
+                    owner_which = self.readers.get(key.fd)
+                    if owner_which is None:
+                        continue
+                    owner, which = owner_which
+                    try:
+                        data = os.read(key.fd, READ_CHUNK)
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    if data:
+                        owner.on_output(which, data)
+                    else:
+                        self.unwatch(key.fd)
+                        owner.on_eof(which)
+                elif tag == "out":
+                    self._flush()
+                elif tag == "stdin":
+                    if key.fd in self.stdin_feeds:
+                        self._write_stdin(key.fd)
+                elif tag == "wake":
+                    try:
+                        os.read(self.wake_r, 4096)
+                    except (BlockingIOError, InterruptedError):
+                        pass
+                    self._reap()
+            now = time.monotonic()
+            for cmd in list(self.commands.values()):
+                d = cmd.next_deadline()
+                if d is not None and now >= d:
+                    cmd.on_deadline(now)
+        self._shutdown()
+
+    def _read_input(self):
+        try:
+            data = os.read(self.infd, READ_CHUNK * 4)
+        except (BlockingIOError, InterruptedError):
+            return
+        if not data:  # the daemon hung up: nobody is left to answer to
+            self.running = False
+            return
+        try:
+            frames = self.decoder.feed(data)
+        except UnsupportedVersion as e:
+            frames = e.frames
+            self.error(e.request_id, "unsupported_version", str(e))
+        except ProtocolError as e:
+            self.error(0, "protocol_error", str(e))
+            self.running = False
+            return
+        for kind, rid, meta, body in frames:
+            self.handle(kind, rid, meta, body)
+
+    def _shutdown(self):
+        for cmd in list(self.commands.values()):
+            if isinstance(cmd, _ProcessCommand):
+                cmd.kill()
+        for shell in list(self.shells.values()):
+            shell.kill()
+        deadline = time.monotonic() + 1.0
+        _set_blocking = fcntl.fcntl(self.outfd, fcntl.F_GETFL) & ~os.O_NONBLOCK
+        fcntl.fcntl(self.outfd, fcntl.F_SETFL, _set_blocking)
+        try:
+            while self.outbuf and time.monotonic() < deadline:
+                n = os.write(self.outfd, self.outbuf)
+                del self.outbuf[:n]
+        except OSError:
+            pass
+        self._reap()
+
+
+# -- files ------------------------------------------------------------------------------------------
+
+
+def _write_files(req, body):
+    results = []
+    view = memoryview(body)
+    offset = 0
+    for spec in req["files"]:
+        size = int(spec["size"])
+        data = view[offset : offset + size]
+        offset += size
+        path = spec["path"]
+        try:
+            parent = os.path.dirname(path)
+            if parent and spec.get("mkdir", True):
+                os.makedirs(parent, exist_ok=True)
+            mode = int(spec.get("mode", 0o644))
+            tmp = "%s.rls-tmp-%d" % (path, os.getpid())
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            try:
+                while len(data):
+                    n = os.write(fd, data)
+                    data = data[n:]
+            finally:
+                os.close(fd)
+            os.chmod(tmp, mode)
+            os.rename(tmp, path)
+            results.append({"path": path, "ok": True})
+        except OSError as e:
+            results.append({"path": path, "ok": False, "error": "%s" % (e.strerror or e)})
+    if offset != len(body):
+        raise ValueError("file sizes add up to %d bytes but the body has %d" % (offset, len(body)))
+    return {"files": results}
+
+
+def _read_files(req):
+    cap = int(req.get("max_bytes", 1 << 20))
+    out = []
+    chunks = []
+    for path in req["paths"]:
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                data = f.read(cap)
+                truncated = len(data) == cap and f.read(1) != b""
+            chunks.append(data)
+            out.append({"path": path, "ok": True, "size": max(size, len(data)), "length": len(data), "truncated": truncated})
+        except OSError as e:
+            out.append({"path": path, "ok": False, "error": e.strerror or str(e), "length": 0})
+    return {"files": out}, b"".join(chunks)
+
+
+def _stat(path):
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        return {"path": path, "exists": False, "error": e.strerror}
+    if stat_mod.S_ISDIR(st.st_mode):
+        kind = "dir"
+    elif stat_mod.S_ISLNK(st.st_mode):
+        kind = "symlink"
+    elif stat_mod.S_ISREG(st.st_mode):
+        kind = "file"
+    else:
+        kind = "other"
+    return {"path": path, "exists": True, "type": kind, "size": st.st_size,
+            "mode": stat_mod.S_IMODE(st.st_mode), "mtime": st.st_mtime}
+
+
+def _list_dir(req):
+    root = req["path"]
+    limit = int(req.get("max_entries", 10000))
+    recursive = bool(req.get("recursive"))
+    entries = []
+    truncated = False
+    stack = [root]
+    while stack:
+        top = stack.pop()
+        names = sorted(os.listdir(top))
+        for name in names:
+            if len(entries) >= limit:
+                truncated = True
+                break
+            full = os.path.join(top, name)
+            info = _stat(full)
+            info["name"] = os.path.relpath(full, root)
+            entries.append(info)
+            if recursive and info.get("type") == "dir":
+                stack.append(full)
+        if truncated:
+            break
+    return {"entries": entries, "truncated": truncated}
+
+
+def main():
+    os.environ.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    agent = Agent()
+    agent.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,8 @@
+"""Warm pools of ready sandboxes, and the only code that creates and destroys containers."""
+
+from rlsandbox.daemon.pool.factory import SandboxFactory, SetupFailed
+from rlsandbox.daemon.pool.reconciler import Reconciler
+from rlsandbox.daemon.pool.spec import PoolSpec
+from rlsandbox.daemon.pool.warm_pool import CreateLimiter, PoolStats, WarmPool
+
+__all__ = ["CreateLimiter", "PoolSpec", "PoolStats", "Reconciler", "SandboxFactory", "SetupFailed", "WarmPool"]

@@ -1,0 +1,118 @@
+"""Creates and destroys sandboxes: the only place containers come from and go to."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from pathlib import Path
+
+from rlsandbox.daemon.agent import AGENT_PATH
+from rlsandbox.daemon.agent.channel import AgentChannel
+from rlsandbox.daemon.errors import SandboxError
+from rlsandbox.daemon.model import AgentMode, ExecRequest
+from rlsandbox.daemon.pool.spec import PoolSpec
+from rlsandbox.daemon.runtime.docker import (
+    LABEL_CREATED,
+    LABEL_INSTANCE,
+    LABEL_MANAGED,
+    LABEL_OWNER,
+    LABEL_POOL,
+    LABEL_SESSION,
+    DockerRuntime,
+)
+from rlsandbox.daemon.runtime.exec_channel import ExecChannel
+from rlsandbox.daemon.sandbox import Sandbox, SandboxChannel
+
+log = logging.getLogger(__name__)
+
+REMOVE_TIMEOUT = 30.0
+
+
+class SetupFailed(SandboxError):
+    """A pool's setup command failed in a new sandbox."""
+
+
+class SandboxFactory:
+    """Creates ready sandboxes and removes them; knows every container it has made.
+
+    ``live`` maps container name to container id (``None`` while the create call is in flight) for
+    every container this daemon made and has not removed yet: what the reconciler must not touch.
+    """
+
+    def __init__(self, runtime: DockerRuntime, *, agent_path: Path = AGENT_PATH) -> None:
+        self.runtime = runtime
+        self.agent_path = agent_path
+        self.live: dict[str, str | None] = {}
+
+    def labels(self, pool: str, session: str = "") -> dict[str, str]:
+        return {
+            LABEL_MANAGED: "1",
+            LABEL_OWNER: self.runtime.owner,
+            LABEL_INSTANCE: self.runtime.instance,
+            LABEL_POOL: pool,
+            LABEL_SESSION: session,
+            LABEL_CREATED: str(int(time.time())),
+        }
+
+    async def create(self, spec: PoolSpec, *, session: str = "") -> Sandbox:
+        """Create, start, connect to and set up one sandbox. Nothing is left behind on failure."""
+        cspec = spec.container
+        name = f"rls-{spec.name}-{secrets.token_hex(6)}"
+        self.live[name] = None
+        cid: str | None = None
+        channel: SandboxChannel | None = None
+        try:
+            if cspec.agent is AgentMode.AUTO:
+                use_agent = await self.runtime.image_has_python(cspec.image, cspec.runtime)
+            else:
+                use_agent = cspec.agent is AgentMode.AGENT
+            config = self.runtime.container_config(
+                cspec, labels=self.labels(spec.name, session), use_agent=use_agent, agent_path=self.agent_path
+            )
+            cid = await self.runtime.create_and_start(config, name=name)
+            self.live[name] = cid
+            if use_agent:
+                channel = AgentChannel(await self.runtime.attach(cid), name=name)
+            else:
+                channel = ExecChannel(self.runtime, cid)
+            await channel.start(timeout=spec.start_timeout)
+            sandbox = Sandbox(
+                container_id=cid,
+                name=name,
+                pool=spec.name,
+                channel=channel,
+                mode="agent" if use_agent else "exec",
+                runtime=cspec.runtime,
+                image=cspec.image,
+            )
+            for command in spec.setup:
+                result = await sandbox.exec(ExecRequest(shell=command, timeout=spec.setup_timeout, cwd=cspec.workdir))
+                if not result.ok:
+                    detail = (result.stderr or result.stdout)[-500:].decode("utf-8", "replace").strip()
+                    raise SetupFailed(
+                        f"setup command {command!r} of pool {spec.name} failed "
+                        f"(exit {result.exit_code}, timed out {result.timed_out}): {detail}",
+                        pool=spec.name,
+                    )
+            return sandbox
+        except BaseException:
+            await asyncio.shield(self._remove(name, cid, channel, "failed setup"))
+            raise
+
+    async def destroy(self, sandbox: Sandbox, reason: str = "released") -> None:
+        await self._remove(sandbox.name, sandbox.container_id, sandbox.channel, reason)
+
+    async def _remove(self, name: str, cid: str | None, channel: SandboxChannel | None, reason: str) -> None:
+        try:
+            if channel is not None:
+                with contextlib.suppress(Exception):
+                    await channel.close(reason)
+            await self.runtime.remove(cid or name, timeout=REMOVE_TIMEOUT)
+        except SandboxError as e:
+            # Left for the reconciler, which removes what the daemon no longer knows.
+            log.warning("could not remove sandbox %s (%s): %s", name, reason, e)
+        finally:
+            self.live.pop(name, None)

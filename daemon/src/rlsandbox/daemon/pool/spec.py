@@ -1,0 +1,30 @@
+"""What a warm pool keeps ready."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlsandbox.daemon.model import ContainerSpec
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """A pool of identical sandboxes.
+
+    Attributes:
+        name: the pool's name, used by clients to ask for a sandbox.
+        container: image, limits, OCI runtime and isolation of every sandbox.
+        min_ready: sandboxes kept ready (created, started, set up) ahead of demand.
+        max_total: ready + in use + being created never exceeds this.
+        setup: shell commands run in each new sandbox before it counts as ready.
+        setup_timeout: seconds each setup command may take.
+        start_timeout: seconds for the agent to answer its first ping.
+    """
+
+    name: str
+    container: ContainerSpec
+    min_ready: int = 2
+    max_total: int = 64
+    setup: tuple[str, ...] = ()
+    setup_timeout: float = 120.0
+    start_timeout: float = 30.0

@@ -1,0 +1,334 @@
+"""A warm pool of ready sandboxes, modelled on asyncpg's connection pool.
+
+``acquire`` hands out a ready sandbox in microseconds when one is there, otherwise waits (bounded
+in time and in number of waiters) for the refill loop to make one. A released sandbox is never
+reused: it is destroyed and the refill loop replaces it. Creating is the expensive, engine-bound
+part, so all pools of a node share one :class:`CreateLimiter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from rlsandbox.daemon.errors import PoolUnhealthy, ResourceExhausted, SandboxError, Unavailable
+from rlsandbox.daemon.pool.factory import SandboxFactory
+from rlsandbox.daemon.pool.spec import PoolSpec
+from rlsandbox.daemon.sandbox import Sandbox
+
+log = logging.getLogger(__name__)
+
+BACKOFF_BASE = 0.5
+BACKOFF_MAX = 30.0
+FAIL_WAITERS_AFTER = 3  # consecutive create failures after which waiters get an error at once
+PROBE_INTERVAL = 30.0
+PROBE_TIMEOUT = 5.0
+
+
+class CreateLimiter:
+    """Node-wide cap on concurrent sandbox creations, so refills never flood the engine.
+
+    The Docker engine serialises container creation (~8 per second on the reference machine);
+    more parallel creates only add queueing inside dockerd and slow down live traffic that also
+    goes through it.
+    """
+
+    def __init__(self, concurrency: int = 4) -> None:
+        self.concurrency = concurrency
+        self._sem = asyncio.Semaphore(concurrency)
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        async with self._sem:
+            yield
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    name: str
+    ready: int
+    in_use: int
+    creating: int
+    waiting: int
+    min_ready: int
+    max_total: int
+    created_total: int
+    failed_total: int
+    destroyed_total: int
+    acquired_total: int
+    acquire_timeouts: int
+    consecutive_failures: int
+    last_error: str | None
+    backing_off_for: float
+
+
+class WarmPool:
+    """Keeps ``spec.min_ready`` sandboxes ready and hands them out.
+
+    Args:
+        spec: what to keep ready.
+        factory: creates and destroys the sandboxes.
+        limiter: node-wide cap on concurrent creations.
+        max_waiters: callers allowed to wait at once; more get RESOURCE_EXHAUSTED at once.
+    """
+
+    def __init__(
+        self, spec: PoolSpec, factory: SandboxFactory, *, limiter: CreateLimiter, max_waiters: int = 1024
+    ) -> None:
+        self.spec = spec
+        self._factory = factory
+        self._limiter = limiter
+        self._max_waiters = max_waiters
+        self._ready: collections.deque[Sandbox] = collections.deque()
+        self._leased: set[Sandbox] = set()
+        self._waiters: collections.deque[asyncio.Future[Sandbox]] = collections.deque()
+        self._creating = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._closed = asyncio.Event()
+        self._consecutive_failures = 0
+        self._backoff_until = 0.0
+        self._last_error: str | None = None
+        self._created_total = 0
+        self._failed_total = 0
+        self._destroyed_total = 0
+        self._acquired_total = 0
+        self._acquire_timeouts = 0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    # -- handing out ----------------------------------------------------------------------------
+    async def acquire(self, timeout: float) -> Sandbox:
+        """A ready sandbox, now or within ``timeout`` seconds.
+
+        Raises:
+            ResourceExhausted: none became ready in time, or too many callers are waiting.
+            PoolUnhealthy: the pool keeps failing to create sandboxes.
+            Unavailable: the pool is closing.
+        """
+        if self._closing:
+            raise Unavailable(f"pool {self.name} is shutting down")
+        while self._ready:
+            sandbox = self._ready.popleft()
+            if sandbox.alive:
+                return self._lease(sandbox)
+            self._spawn(self._destroy(sandbox, "died while ready"))
+        if self._consecutive_failures >= FAIL_WAITERS_AFTER and self._backoff_remaining() > 0:
+            raise self._unhealthy()
+        if len(self._waiters) >= self._max_waiters:
+            raise ResourceExhausted(
+                f"pool {self.name}: {len(self._waiters)} callers already waiting for a sandbox; "
+                "retry later or raise max_waiters",
+                pool=self.name,
+                retry_after=self._retry_hint(),
+            )
+        future: asyncio.Future[Sandbox] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        self._wake.set()
+        sandbox: Sandbox | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                sandbox = await asyncio.shield(future)
+        except TimeoutError:
+            self._acquire_timeouts += 1
+            raise ResourceExhausted(
+                f"no sandbox of pool {self.name} became ready within {timeout:.1f} s "
+                f"(ready {len(self._ready)}, creating {self._creating}, in use {len(self._leased)} "
+                f"of max {self.spec.max_total}); retry in ~{self._retry_hint():.0f} s",
+                pool=self.name,
+                retry_after=self._retry_hint(),
+            ) from None
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(future)
+            if sandbox is None:
+                if not future.done():
+                    future.cancel()
+                elif not future.cancelled() and future.exception() is None:
+                    # Handed a sandbox while leaving (timeout or cancellation): it was never
+                    # used, so it goes back to the front of the line.
+                    self._ready.appendleft(future.result())
+                    self._deliver()
+        return self._lease(sandbox)
+
+    def _lease(self, sandbox: Sandbox) -> Sandbox:
+        self._leased.add(sandbox)
+        self._acquired_total += 1
+        self._wake.set()
+        return sandbox
+
+    async def release(self, sandbox: Sandbox, reason: str = "released") -> None:
+        """Destroy a leased sandbox (never reused) and let the refill loop replace it."""
+        self._leased.discard(sandbox)
+        self._wake.set()
+        await asyncio.shield(self._destroy(sandbox, reason))
+
+    @contextlib.asynccontextmanager
+    async def lease(self, timeout: float) -> AsyncIterator[Sandbox]:
+        """``async with pool.lease(timeout) as sandbox:``; the sandbox is destroyed on exit."""
+        sandbox = await self.acquire(timeout)
+        try:
+            yield sandbox
+        finally:
+            await self.release(sandbox)
+
+    def _deliver(self) -> None:
+        while self._ready and self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(self._ready.popleft())
+
+    def _backoff_remaining(self) -> float:
+        return max(0.0, self._backoff_until - time.monotonic())
+
+    def _retry_hint(self) -> float:
+        return max(1.0, self._backoff_remaining())
+
+    def _unhealthy(self) -> PoolUnhealthy:
+        return PoolUnhealthy(
+            f"pool {self.name} failed to create {self._consecutive_failures} sandboxes in a row "
+            f"(last error: {self._last_error}); backing off {self._backoff_remaining():.1f} s",
+            pool=self.name,
+        )
+
+    # -- refilling ------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """The refill and health loop; returns when the pool is closed."""
+        next_probe = time.monotonic() + PROBE_INTERVAL
+        while not self._closing:
+            self._refill()
+            wait = max(0.0, next_probe - time.monotonic())
+            if self._backoff_remaining():
+                wait = min(wait, self._backoff_remaining() + 0.01)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
+            self._wake.clear()
+            if time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + PROBE_INTERVAL
+                self._spawn(self._probe_ready())
+
+    def _refill(self) -> None:
+        if self._closing or self._backoff_remaining() > 0:
+            return
+        live_waiters = sum(1 for w in self._waiters if not w.done())
+        wanted = self.spec.min_ready + live_waiters - len(self._ready) - self._creating
+        room = self.spec.max_total - len(self._ready) - len(self._leased) - self._creating
+        # While failing, probe with one creation at a time instead of a burst.
+        cap = 1 if self._consecutive_failures else wanted
+        for _ in range(max(0, min(wanted, room, cap))):
+            self._creating += 1
+            self._spawn(self._create_one())
+
+    async def _create_one(self) -> None:
+        try:
+            async with self._limiter.slot():
+                if self._closing:
+                    return
+                sandbox = await self._factory.create(self.spec)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self._on_create_failed(e)
+            return
+        finally:
+            self._creating -= 1
+            self._wake.set()
+        self._created_total += 1
+        self._consecutive_failures = 0
+        self._last_error = None
+        if self._closing:
+            await self._destroy(sandbox, "pool closed")
+            return
+        self._ready.append(sandbox)
+        self._deliver()
+
+    def _on_create_failed(self, error: Exception) -> None:
+        self._failed_total += 1
+        self._consecutive_failures += 1
+        message = str(error) if isinstance(error, SandboxError) else f"{type(error).__name__}: {error}"
+        self._last_error = message
+        delay = min(BACKOFF_MAX, BACKOFF_BASE * 2 ** (self._consecutive_failures - 1))
+        self._backoff_until = time.monotonic() + delay
+        log.warning(
+            "pool %s: sandbox creation failed (%d in a row, backing off %.1f s): %s",
+            self.name, self._consecutive_failures, delay, message,
+            exc_info=not isinstance(error, SandboxError),
+        )
+        if self._consecutive_failures >= FAIL_WAITERS_AFTER:
+            error_for_waiters = self._unhealthy()
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if not waiter.done():
+                    waiter.set_exception(error_for_waiters)
+
+    async def _probe_ready(self) -> None:
+        for sandbox in list(self._ready):
+            try:
+                await sandbox.channel.ping(PROBE_TIMEOUT)
+            except SandboxError as e:
+                if sandbox in self._ready:
+                    self._ready.remove(sandbox)
+                    await self._destroy(sandbox, f"failed health probe: {e}")
+
+    async def _destroy(self, sandbox: Sandbox, reason: str) -> None:
+        await self._factory.destroy(sandbox, reason)
+        self._destroyed_total += 1
+
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- closing --------------------------------------------------------------------------------
+    async def close(self, timeout: float = 30.0) -> None:
+        """Stop refilling, fail waiters, destroy every sandbox (ready and leased). Idempotent."""
+        if self._closing:
+            await self._closed.wait()
+            return
+        self._closing = True
+        self._wake.set()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(Unavailable(f"pool {self.name} is shutting down"))
+        try:
+            async with asyncio.timeout(timeout):
+                while self._tasks:  # creations in flight finish (and destroy what they made)
+                    await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        except TimeoutError:
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        doomed = list(self._ready) + list(self._leased)
+        self._ready.clear()
+        self._leased.clear()
+        await asyncio.gather(*(self._destroy(s, "pool closed") for s in doomed), return_exceptions=True)
+        self._closed.set()
+
+    def stats(self) -> PoolStats:
+        return PoolStats(
+            name=self.name,
+            ready=len(self._ready),
+            in_use=len(self._leased),
+            creating=self._creating,
+            waiting=sum(1 for w in self._waiters if not w.done()),
+            min_ready=self.spec.min_ready,
+            max_total=self.spec.max_total,
+            created_total=self._created_total,
+            failed_total=self._failed_total,
+            destroyed_total=self._destroyed_total,
+            acquired_total=self._acquired_total,
+            acquire_timeouts=self._acquire_timeouts,
+            consecutive_failures=self._consecutive_failures,
+            last_error=self._last_error,
+            backing_off_for=self._backoff_remaining(),
+        )

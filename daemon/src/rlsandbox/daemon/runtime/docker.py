@@ -1,0 +1,483 @@
+"""The only module that talks to the Docker engine (through aiodocker).
+
+Every call has a deadline; every engine failure becomes a typed :mod:`rlsandbox.daemon.errors`
+exception. Sized for thousands of concurrent streams: the aiohttp connector has no connection cap
+(aiohttp's default of 100 would queue the 101st attached sandbox behind the others).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import logging
+import os
+import tarfile
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiodocker
+import aiohttp
+from aiodocker.stream import Stream
+
+from rlsandbox.daemon.errors import (
+    ContainerNotFound,
+    DeadlineExceeded,
+    DockerError,
+    DockerUnavailable,
+    ImageNotFound,
+    SandboxError,
+)
+from rlsandbox.daemon.model import ContainerSpec
+
+log = logging.getLogger(__name__)
+
+LABEL_MANAGED = "rlsandbox.managed"
+LABEL_OWNER = "rlsandbox.owner"
+LABEL_INSTANCE = "rlsandbox.instance"
+LABEL_POOL = "rlsandbox.pool"
+LABEL_SESSION = "rlsandbox.session"
+LABEL_CREATED = "rlsandbox.created"
+
+AGENT_MOUNT = "/.rlsandbox/agent.py"
+DEFAULT_SOCKET = "/var/run/docker.sock"
+# Capabilities a sandbox keeps: enough for package managers and file ownership inside the
+# container, nothing that reaches the host (no NET_RAW, SYS_*, MKNOD, AUDIT_WRITE, SETFCAP).
+KEPT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerInfo:
+    id: str
+    name: str
+    labels: Mapping[str, str]
+    state: str
+    created: float
+
+
+class AttachTransport:
+    """The container's attached stdin/stdout/stderr as a ``ByteTransport`` for the agent channel."""
+
+    def __init__(self, stream: Stream) -> None:
+        self._stream = stream
+
+    async def send(self, data: bytes) -> None:
+        try:
+            await self._stream.write_in(data)
+        except (aiohttp.ClientError, ConnectionError, RuntimeError) as e:
+            raise DockerUnavailable(f"lost the attach stream: {e}") from e
+
+    async def receive(self) -> tuple[int, bytes] | None:
+        msg = await self._stream.read_out()
+        if msg is None:
+            return None
+        return msg.stream, msg.data
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._stream.close()
+
+
+class DockerRuntime:
+    """Creates, attaches to, executes in and removes sandbox containers.
+
+    Args:
+        owner: this daemon's owner id, written on every container as ``rlsandbox.owner``.
+        instance: id of this daemon process (``rlsandbox.instance``), for diagnostics.
+        socket_path: the Docker engine's unix socket.
+        api_timeout: default deadline of one Engine API call, in seconds.
+    """
+
+    def __init__(
+        self,
+        *,
+        owner: str,
+        instance: str = "",
+        socket_path: str = DEFAULT_SOCKET,
+        api_timeout: float = 60.0,
+    ) -> None:
+        self.owner = owner
+        self.instance = instance
+        self.socket_path = socket_path
+        self.api_timeout = api_timeout
+        self._docker: aiodocker.Docker | None = None
+        self._connector: aiohttp.UnixConnector | None = None
+        self._python_images: dict[tuple[str, str], bool] = {}
+
+    async def __aenter__(self) -> DockerRuntime:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        self._connector = aiohttp.UnixConnector(path=self.socket_path, limit=0)
+        self._docker = aiodocker.Docker(url="unix://localhost", connector=self._connector)
+
+    async def close(self) -> None:
+        if self._docker is not None:
+            await self._docker.close()
+            self._docker = None
+        if self._connector is not None:  # caller-supplied connectors are not closed by aiodocker
+            await self._connector.close()
+            self._connector = None
+
+    @property
+    def docker(self) -> aiodocker.Docker:
+        if self._docker is None:
+            raise DockerUnavailable("the Docker runtime is not started")
+        return self._docker
+
+    @contextlib.asynccontextmanager
+    async def _call(self, what: str, timeout: float | None = None, **fields: Any) -> AsyncIterator[None]:
+        """Deadline and error translation around one Engine API call."""
+        budget = self.api_timeout if timeout is None else timeout
+        try:
+            async with asyncio.timeout(budget):
+                yield
+        except TimeoutError:
+            raise DockerUnavailable(f"Docker engine did not answer {what} within {budget:.1f} s", **fields) from None
+        except aiodocker.DockerError as e:
+            message = f"Docker engine refused {what}: {e.message}"
+            if e.status == 404 and "image" in e.message.lower():
+                raise ImageNotFound(
+                    f"{message} (build it with `rlsandbox images build`)", status=404, **fields
+                ) from None
+            if e.status == 404:
+                raise ContainerNotFound(message, status=404, **fields) from None
+            raise DockerError(message, status=e.status, **fields) from None
+        except (aiohttp.ClientConnectionError, ConnectionError, FileNotFoundError) as e:
+            raise DockerUnavailable(
+                f"cannot reach the Docker engine at {self.socket_path} ({what}): {e}", **fields
+            ) from None
+
+    # -- engine ---------------------------------------------------------------------------------
+    async def ping(self, timeout: float = 5.0) -> dict[str, Any]:
+        async with self._call("version", timeout):
+            return dict(await self.docker.version())
+
+    # -- containers -----------------------------------------------------------------------------
+    def container_config(
+        self,
+        spec: ContainerSpec,
+        *,
+        labels: Mapping[str, str],
+        use_agent: bool,
+        agent_path: Path | None,
+    ) -> dict[str, Any]:
+        lim = spec.limits
+        host: dict[str, Any] = {
+            "Memory": lim.memory_bytes,
+            "MemorySwap": lim.memory_bytes,  # no swap on top: an OOM is an OOM
+            "NanoCpus": int(lim.cpus * 1e9),
+            "PidsLimit": lim.pids,
+            "Ulimits": [{"Name": "nofile", "Soft": lim.nofile, "Hard": lim.nofile}],
+            "NetworkMode": "bridge" if spec.network else "none",
+            "SecurityOpt": ["no-new-privileges:true"],
+            "CapDrop": ["ALL"],
+            "CapAdd": list(KEPT_CAPABILITIES),
+            "Runtime": spec.runtime,
+            "ReadonlyRootfs": spec.read_only_root,
+            "AutoRemove": False,
+        }
+        if spec.read_only_root:
+            host["Tmpfs"] = {"/tmp": "rw,exec,size=512m", spec.workdir: "rw,exec,size=2g"}
+        config: dict[str, Any] = {
+            "Image": spec.image,
+            "Labels": dict(labels),
+            "Env": [f"{k}={v}" for k, v in spec.env.items()],
+            "WorkingDir": spec.workdir,
+            "NetworkDisabled": not spec.network,
+            "HostConfig": host,
+            "StopSignal": "SIGKILL",
+        }
+        if use_agent:
+            assert agent_path is not None
+            host["Binds"] = [f"{agent_path}:{AGENT_MOUNT}:ro"]
+            config.update(
+                Cmd=["python3", "-u", AGENT_MOUNT],
+                Entrypoint=[],
+                OpenStdin=True,
+                StdinOnce=False,
+                AttachStdin=True,
+                AttachStdout=True,
+                AttachStderr=True,
+                Tty=False,
+            )
+        else:
+            # No agent: an init (docker-init) reaps zombies and a sleep keeps the sandbox alive
+            # for Engine API execs.
+            host["Init"] = True
+            config.update(Cmd=["sleep", "2147483647"], Entrypoint=[])
+        return config
+
+    async def create_and_start(self, config: Mapping[str, Any], *, name: str, timeout: float | None = None) -> str:
+        """Create and start a container; on a failed start the container is removed again."""
+        async with self._call("container create", timeout, name=name):
+            container = await self.docker.containers.create(config=dict(config), name=name)
+        cid: str = container.id
+        try:
+            async with self._call("container start", timeout, container_id=cid):
+                await container.start()
+        except BaseException:
+            await asyncio.shield(self.remove(cid))
+            raise
+        return cid
+
+    async def attach(self, container_id: str, timeout: float | None = None) -> AttachTransport:
+        container = self.docker.containers.container(container_id)
+        stream = container.attach(stdin=True, stdout=True, stderr=True, logs=False)
+        async with self._call("container attach", timeout, container_id=container_id):
+            await stream._init()  # connect now, so that failures show up here and not on first use
+        return AttachTransport(stream)
+
+    async def remove(self, container_id: str, timeout: float | None = None) -> bool:
+        """Force-remove a container and its anonymous volumes. False if it was already gone."""
+        try:
+            async with self._call("container remove", timeout, container_id=container_id):
+                await self.docker.containers.container(container_id).delete(force=True, v=True)
+        except ContainerNotFound:
+            return False
+        except DockerError as e:
+            if e.status == 409 and "already in progress" in e.message:
+                return False
+            raise
+        return True
+
+    async def inspect(self, container_id: str, timeout: float | None = None) -> dict[str, Any]:
+        async with self._call("container inspect", timeout, container_id=container_id):
+            return dict(await self.docker.containers.container(container_id).show())
+
+    async def list_containers(self, labels: Mapping[str, str], timeout: float | None = None) -> list[ContainerInfo]:
+        filters = json.dumps({"label": [f"{k}={v}" for k, v in labels.items()]})
+        async with self._call("container list", timeout):
+            raw = await self.docker._query_json("containers/json", params={"all": "1", "filters": filters})
+        return [
+            ContainerInfo(
+                id=c["Id"],
+                name=(c.get("Names") or ["?"])[0].lstrip("/"),
+                labels=c.get("Labels") or {},
+                state=c.get("State", ""),
+                created=float(c.get("Created", 0)),
+            )
+            for c in raw
+        ]
+
+    async def image_has_python(self, image: str, runtime: str = "runc") -> bool:
+        """Whether ``image`` can run the agent (python3 >= 3.8). Probed once per image and runtime."""
+        key = (image, runtime)
+        if key in self._python_images:
+            return self._python_images[key]
+        probe = "import sys; sys.exit(0 if sys.version_info >= (3, 8) else 3)"
+        config = {
+            "Image": image,
+            "Cmd": ["python3", "-c", probe],
+            "Entrypoint": [],
+            "Labels": {LABEL_MANAGED: "1", LABEL_OWNER: self.owner, LABEL_POOL: "_probe"},
+            "NetworkDisabled": True,
+            "HostConfig": {"NetworkMode": "none", "Runtime": runtime},
+        }
+        name = f"rls-probe-{os.getpid()}-{time.monotonic_ns()}"
+        has = False
+        try:
+            cid = await self.create_and_start(config, name=name)
+        except DockerError as e:
+            if "not found" not in e.message and "no such file" not in e.message.lower():
+                raise
+        else:
+            try:
+                async with self._call("container wait", 60, container_id=cid):
+                    result = await self.docker.containers.container(cid).wait()
+                has = result.get("StatusCode") == 0
+            finally:
+                await self.remove(cid)
+        self._python_images[key] = has
+        return has
+
+    # -- Engine API exec: the fallback path for images without python3 ---------------------------
+    async def exec_stream(
+        self,
+        container_id: str,
+        argv: Sequence[str],
+        *,
+        cwd: str | None,
+        env: Mapping[str, str],
+        stdin: bytes,
+        on_output: Callable[[int, bytes], None],
+        timeout: float,
+        on_timeout: Callable[[], Any] | None = None,
+    ) -> int:
+        """Run ``argv`` through the Engine API, feed ``stdin``, deliver output; return the exit code.
+
+        At ``timeout`` the coroutine ``on_timeout()`` is awaited (it kills the command), then the
+        remaining output is still collected.
+        """
+        container = self.docker.containers.container(container_id)
+        async with self._call("exec create", None, container_id=container_id):
+            execution = await container.exec(
+                cmd=list(argv),
+                stdin=bool(stdin),
+                stdout=True,
+                stderr=True,
+                environment=dict(env) if env else None,
+                workdir=cwd or None,
+            )
+        stream = execution.start(detach=False)
+        async with self._call("exec start", None, container_id=container_id):
+            await stream._init()
+        try:
+            if stdin:
+                await stream.write_in(stdin)
+            resp = stream._resp
+            if resp is not None and resp.connection is not None and resp.connection.transport is not None:
+                resp.connection.transport.write_eof()  # stdin is done; keep reading the output
+            deadline = asyncio.get_running_loop().time() + timeout
+            timed_out = False
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        msg = await stream.read_out()
+                except TimeoutError:
+                    if timed_out:
+                        raise DeadlineExceeded(f"command in {container_id[:12]} ignored its kill") from None
+                    timed_out = True
+                    if on_timeout is not None:
+                        await on_timeout()
+                    deadline = asyncio.get_running_loop().time() + 10.0
+                    continue
+                if msg is None:
+                    break
+                on_output(msg.stream, msg.data)
+        finally:
+            await stream.close()
+        async with self._call("exec inspect", None, container_id=container_id):
+            info = await execution.inspect()
+        code = info.get("ExitCode")
+        return -1 if code is None else int(code)
+
+    async def put_files(self, container_id: str, files: Sequence[tuple[str, bytes, int]], timeout: float | None = None) -> None:
+        """Write files (absolute path, data, mode) with one tar upload; parents are created."""
+        buf = io.BytesIO()
+        now = time.time()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            dirs: set[str] = set()
+            for path, data, mode in files:
+                parts = Path(path).relative_to("/").parts
+                for i in range(1, len(parts)):
+                    d = "/".join(parts[:i])
+                    if d not in dirs:
+                        dirs.add(d)
+                        info = tarfile.TarInfo(d)
+                        info.type = tarfile.DIRTYPE
+                        info.mode = 0o755
+                        info.mtime = int(now)
+                        tar.addfile(info)
+                info = tarfile.TarInfo("/".join(parts))
+                info.size = len(data)
+                info.mode = mode
+                info.mtime = int(now)
+                tar.addfile(info, io.BytesIO(data))
+        async with self._call("archive upload", timeout, container_id=container_id):
+            async with self.docker._query(
+                f"containers/{container_id}/archive",
+                method="PUT",
+                data=buf.getvalue(),
+                headers={"content-type": "application/x-tar"},
+                params={"path": "/", "noOverwriteDirNonDir": "false"},
+            ):
+                pass
+
+    async def get_file(self, container_id: str, path: str, max_bytes: int, timeout: float | None = None) -> tuple[bytes, int]:
+        """Read one regular file through the archive API: (first ``max_bytes`` bytes, full size)."""
+        async with self._call("archive download", timeout, container_id=container_id):
+            tar = await self.docker.containers.container(container_id).get_archive(path)
+        with tar:
+            member = tar.next()
+            if member is None or not member.isfile():
+                raise IsADirectoryError(path)
+            f = tar.extractfile(member)
+            assert f is not None
+            return f.read(max_bytes), member.size
+
+    async def stat_path(self, container_id: str, path: str, timeout: float | None = None) -> dict[str, Any] | None:
+        """Stat a path through the archive API's HEAD; None when it does not exist."""
+        try:
+            async with self._call("archive stat", timeout, container_id=container_id):
+                async with self.docker._query(
+                    f"containers/{container_id}/archive", method="HEAD", params={"path": path}
+                ) as resp:
+                    header = resp.headers.get("X-Docker-Container-Path-Stat", "")
+        except ContainerNotFound as e:
+            if "could not find the file" in e.message.lower() or "no such" in e.message.lower():
+                return None
+            raise
+        except ValueError:  # aiodocker parses the empty body of HEAD's 404 as JSON and fails
+            return None
+        if not header:
+            return None
+        return dict(json.loads(base64.b64decode(header)))
+
+    # -- images ---------------------------------------------------------------------------------
+    async def image_labels(self, image: str) -> dict[str, str] | None:
+        """The image's labels, or None when the image does not exist."""
+        try:
+            async with self._call("image inspect", 30):
+                info = await self.docker.images.inspect(image)
+        except (ImageNotFound, ContainerNotFound):
+            return None
+        return dict((info.get("Config") or {}).get("Labels") or {})
+
+    async def import_rootfs(self, tar_path: Path, *, tag: str, changes: Sequence[str], timeout: float = 600) -> None:
+        """``docker import`` of a root filesystem tarball, streamed from disk."""
+        params = [("fromSrc", "-"), ("repo", tag)] + [("changes", c) for c in changes]
+
+        async def chunks() -> AsyncIterator[bytes]:
+            with open(tar_path, "rb") as f:  # noqa: ASYNC230 - a CLI-time build step, not a hot path
+                while data := f.read(1 << 20):
+                    yield data
+
+        async with self._call("image import", timeout):
+            async with self.docker._query(
+                "images/create", method="POST", params=params, data=chunks(),
+                headers={"content-type": "application/x-tar"},
+            ) as resp:
+                await _raise_on_stream_error(resp, "image import")
+
+    async def build_image(
+        self, context_tar: bytes, *, tag: str, labels: Mapping[str, str], timeout: float = 1200
+    ) -> list[str]:
+        """Build a Dockerfile context (a tar) with the engine's builder; returns the build log."""
+        params = {"t": tag, "labels": json.dumps(dict(labels)), "rm": "1", "forcerm": "1", "pull": "0"}
+        async with self._call("image build", timeout):
+            async with self.docker._query(
+                "build", method="POST", params=params, data=context_tar,
+                headers={"content-type": "application/x-tar"},
+            ) as resp:
+                return await _raise_on_stream_error(resp, "image build")
+
+
+async def _raise_on_stream_error(resp: aiohttp.ClientResponse, what: str) -> list[str]:
+    lines: list[str] = []
+    async for raw in resp.content:
+        if not raw.strip():
+            continue
+        try:
+            item = json.loads(raw)
+        except ValueError:
+            continue
+        if "error" in item:
+            raise DockerError(f"{what} failed: {item['error']}\n" + "".join(lines[-20:]))
+        if "stream" in item:
+            lines.append(item["stream"])
+    return lines
+
+
+def is_gone(error: SandboxError) -> bool:
+    """Whether ``error`` says the container no longer exists."""
+    return isinstance(error, ContainerNotFound)

@@ -1,0 +1,167 @@
+"""The sandbox channel for images without python3: every operation is an Engine API call.
+
+Slower (one ``docker exec`` or archive call per operation) but gives the same results as the
+agent: caps, truncation, timeouts that kill the command's whole process group, binary files.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import secrets
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rlsandbox.daemon.agent.channel import ChunkCallback
+from rlsandbox.daemon.errors import ContainerNotFound, FailedPrecondition, SandboxDied
+from rlsandbox.daemon.model import ExecRequest, ExecResult, FileRead, FileStat, FileWrite, FileWriteResult, OutputChunk
+from rlsandbox.daemon.runtime.docker import DockerRuntime
+
+# The wrapper shell records its pid, which is the command's process group (Engine API execs start
+# as session leaders), so that a timeout can kill the whole group from a second exec.
+_PIDFILE_WRAPPER = 'echo $$ > "$0"; "$@"; ec=$?; rm -f "$0"; exit $ec'
+
+
+class _Capture:
+    __slots__ = ("cap", "data", "total", "on_chunk", "stream")
+
+    def __init__(self, cap: int, stream: int, on_chunk: ChunkCallback | None) -> None:
+        self.cap = cap
+        self.data = bytearray()
+        self.total = 0
+        self.stream = stream
+        self.on_chunk = on_chunk
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.cap - len(self.data)
+        if room > 0:
+            kept = chunk[:room]
+            self.data += kept
+            if self.on_chunk is not None:
+                self.on_chunk(OutputChunk(self.stream, kept))
+
+
+class ExecChannel:
+    """Implements the agent channel's operations with Engine API execs and archive calls."""
+
+    def __init__(self, runtime: DockerRuntime, container_id: str) -> None:
+        self._runtime = runtime
+        self._cid = container_id
+        self._closed_reason: str | None = None
+        self.info: dict[str, Any] = {"mode": "exec"}
+
+    @property
+    def alive(self) -> bool:
+        return self._closed_reason is None
+
+    @property
+    def closed_reason(self) -> str | None:
+        return self._closed_reason
+
+    async def start(self, timeout: float) -> dict[str, Any]:
+        result = await self.exec(ExecRequest(argv=("true",), timeout=timeout))
+        if result.exit_code != 0:
+            raise SandboxDied(f"sandbox {self._cid[:12]} cannot run commands: {result.stderr[:200]!r}")
+        return self.info
+
+    async def exec(self, req: ExecRequest, on_chunk: ChunkCallback | None = None) -> ExecResult:
+        if req.shell_session:
+            raise FailedPrecondition(
+                "persistent shell sessions need the in-sandbox agent, and this image has no python3: "
+                "run the command without a shell session, or use an image with python3 >= 3.8"
+            )
+        argv = list(req.argv) if req.argv is not None else ["/bin/sh", "-c", req.shell or ""]
+        pidfile = f"/tmp/.rls-exec-{secrets.token_hex(8)}.pid"
+        out = _Capture(req.stdout_cap, 1, on_chunk)
+        err = _Capture(req.stderr_cap, 2, on_chunk)
+        timed_out = False
+
+        async def kill_group() -> None:
+            nonlocal timed_out
+            timed_out = True
+            await self._runtime.exec_stream(
+                self._cid, ["/bin/sh", "-c", f'kill -KILL -"$(cat {pidfile})"'],
+                cwd=None, env={}, stdin=b"", on_output=lambda s, d: None, timeout=10,
+            )
+
+        started = time.monotonic()
+        try:
+            code = await self._runtime.exec_stream(
+                self._cid,
+                ["/bin/sh", "-c", _PIDFILE_WRAPPER, pidfile, *argv],
+                cwd=req.cwd,
+                env=req.env,
+                stdin=req.stdin,
+                on_output=lambda stream, data: (out if stream == 1 else err).add(data),
+                timeout=req.timeout,
+                on_timeout=kill_group,
+            )
+        except ContainerNotFound as e:
+            self._closed_reason = "container is gone"
+            raise SandboxDied(f"sandbox {self._cid[:12]} is gone: {e.message}", container_id=self._cid) from None
+        exit_code: int | None = code
+        sig = None
+        if timed_out and code >= 128:
+            exit_code, sig = None, code - 128
+        return ExecResult(
+            exit_code=exit_code,
+            signal=sig,
+            timed_out=timed_out,
+            stdout=bytes(out.data),
+            stderr=bytes(err.data),
+            stdout_total=out.total,
+            stderr_total=err.total,
+            stdout_truncated=out.total > len(out.data),
+            stderr_truncated=err.total > len(err.data),
+            duration=time.monotonic() - started,
+        )
+
+    async def write_files(self, files: Sequence[FileWrite], timeout: float) -> list[FileWriteResult]:
+        await self._runtime.put_files(self._cid, [(f.path, f.data, f.mode) for f in files], timeout=timeout)
+        return [FileWriteResult(path=f.path) for f in files]
+
+    async def read_files(self, paths: Sequence[str], max_bytes: int, timeout: float) -> list[FileRead]:
+        out = []
+        for path in paths:
+            try:
+                data, size = await self._runtime.get_file(self._cid, path, max_bytes, timeout=timeout)
+            except ContainerNotFound:
+                out.append(FileRead(path=path, data=b"", size=0, truncated=False, error="No such file or directory"))
+            except IsADirectoryError:
+                out.append(FileRead(path=path, data=b"", size=0, truncated=False, error="Is a directory"))
+            else:
+                out.append(FileRead(path=path, data=data, size=size, truncated=size > len(data)))
+        return out
+
+    async def stat(self, paths: Sequence[str], timeout: float) -> list[FileStat]:
+        return [await self._stat_one(p, p, timeout) for p in paths]
+
+    async def _stat_one(self, path: str, shown: str, timeout: float) -> FileStat:
+        info = await self._runtime.stat_path(self._cid, path, timeout=timeout)
+        if info is None:
+            return FileStat(path=shown, exists=False, error="No such file or directory")
+        mode = int(info.get("mode", 0))
+        kind = "dir" if mode & (1 << 31) else "symlink" if mode & (1 << 27) else "file"
+        return FileStat(path=shown, exists=True, type=kind, size=int(info.get("size", 0)), mode=mode & 0o7777)
+
+    async def list_dir(self, path: str, *, recursive: bool, max_entries: int, timeout: float) -> tuple[list[FileStat], bool]:
+        argv = ["find", path, "-mindepth", "1"] + ([] if recursive else ["-maxdepth", "1"])
+        result = await self.exec(ExecRequest(argv=tuple(argv), timeout=timeout, stdout_cap=8 << 20))
+        if result.exit_code != 0:
+            raise FailedPrecondition(f"cannot list {path}: {result.stderr.decode('utf-8', 'replace').strip()}")
+        names = sorted(n for n in result.stdout.decode("utf-8", "surrogateescape").split("\n") if n)
+        truncated = len(names) > max_entries
+        entries = [await self._stat_one(n, posixpath.relpath(n, path), timeout) for n in names[:max_entries]]
+        return entries, truncated
+
+    async def close_shell(self, name: str, timeout: float) -> bool:
+        return False
+
+    async def ping(self, timeout: float) -> dict[str, Any]:
+        await self._runtime.inspect(self._cid, timeout=timeout)
+        return self.info
+
+    async def close(self, reason: str = "closed") -> None:
+        if self._closed_reason is None:
+            self._closed_reason = reason

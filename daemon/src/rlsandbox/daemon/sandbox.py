@@ -1,0 +1,92 @@
+"""One sandbox: a running container and the channel that drives commands inside it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from rlsandbox.daemon.agent.channel import ChunkCallback
+from rlsandbox.daemon.model import ExecRequest, ExecResult, FileRead, FileStat, FileWrite, FileWriteResult
+
+FILE_OP_TIMEOUT = 60.0
+
+
+class SandboxChannel(Protocol):
+    """What the agent channel and the Engine API exec fallback both provide."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def closed_reason(self) -> str | None: ...
+
+    info: dict[str, Any]
+
+    async def start(self, timeout: float) -> dict[str, Any]: ...
+
+    async def exec(self, req: ExecRequest, on_chunk: ChunkCallback | None = None) -> ExecResult: ...
+
+    async def write_files(self, files: Sequence[FileWrite], timeout: float) -> list[FileWriteResult]: ...
+
+    async def read_files(self, paths: Sequence[str], max_bytes: int, timeout: float) -> list[FileRead]: ...
+
+    async def stat(self, paths: Sequence[str], timeout: float) -> list[FileStat]: ...
+
+    async def list_dir(
+        self, path: str, *, recursive: bool, max_entries: int, timeout: float
+    ) -> tuple[list[FileStat], bool]: ...
+
+    async def close_shell(self, name: str, timeout: float) -> bool: ...
+
+    async def ping(self, timeout: float) -> dict[str, Any]: ...
+
+    async def close(self, reason: str = "closed") -> None: ...
+
+
+class Sandbox:
+    """A ready container handed out by a pool. Never reused: released means destroyed."""
+
+    __slots__ = ("container_id", "name", "pool", "channel", "created_at", "ready_at", "mode", "runtime", "image")
+
+    def __init__(
+        self, *, container_id: str, name: str, pool: str, channel: SandboxChannel, mode: str, runtime: str, image: str
+    ) -> None:
+        self.container_id = container_id
+        self.name = name
+        self.pool = pool
+        self.channel = channel
+        self.mode = mode
+        self.runtime = runtime
+        self.image = image
+        self.created_at = time.time()
+        self.ready_at = time.monotonic()
+
+    @property
+    def alive(self) -> bool:
+        return self.channel.alive
+
+    async def exec(self, req: ExecRequest, on_chunk: ChunkCallback | None = None) -> ExecResult:
+        return await self.channel.exec(req, on_chunk)
+
+    async def write_files(self, files: Sequence[FileWrite], timeout: float = FILE_OP_TIMEOUT) -> list[FileWriteResult]:
+        return await self.channel.write_files(files, timeout)
+
+    async def read_files(
+        self, paths: Sequence[str], max_bytes: int = 1 << 20, timeout: float = FILE_OP_TIMEOUT
+    ) -> list[FileRead]:
+        return await self.channel.read_files(paths, max_bytes, timeout)
+
+    async def stat(self, paths: Sequence[str], timeout: float = FILE_OP_TIMEOUT) -> list[FileStat]:
+        return await self.channel.stat(paths, timeout)
+
+    async def list_dir(
+        self, path: str, *, recursive: bool = False, max_entries: int = 10_000, timeout: float = FILE_OP_TIMEOUT
+    ) -> tuple[list[FileStat], bool]:
+        return await self.channel.list_dir(path, recursive=recursive, max_entries=max_entries, timeout=timeout)
+
+    async def close_shell(self, name: str, timeout: float = 10.0) -> bool:
+        return await self.channel.close_shell(name, timeout)
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.name}, pool={self.pool}, mode={self.mode})"
