@@ -23,8 +23,12 @@ class SubprocessTransport:
     @classmethod
     async def start(cls) -> SubprocessTransport:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-u", str(AGENT_PATH),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-u",
+            str(AGENT_PATH),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         return cls(proc)
 

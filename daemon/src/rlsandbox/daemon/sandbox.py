@@ -47,7 +47,7 @@ class SandboxChannel(Protocol):
 class Sandbox:
     """A ready container handed out by a pool. Never reused: released means destroyed."""
 
-    __slots__ = ("container_id", "name", "pool", "channel", "created_at", "ready_at", "mode", "runtime", "image")
+    __slots__ = ("channel", "container_id", "created_at", "image", "mode", "name", "pool", "ready_at", "runtime")
 
     def __init__(
         self, *, container_id: str, name: str, pool: str, channel: SandboxChannel, mode: str, runtime: str, image: str

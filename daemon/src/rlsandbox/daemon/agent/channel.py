@@ -37,7 +37,7 @@ class ByteTransport(Protocol):
 
 
 class _Pending:
-    __slots__ = ("future", "on_chunk", "stdout", "stderr")
+    __slots__ = ("future", "on_chunk", "stderr", "stdout")
 
     def __init__(self, future: asyncio.Future[tuple[dict[str, Any], bytes]], on_chunk: ChunkCallback | None) -> None:
         self.future = future
@@ -74,7 +74,9 @@ class AgentChannel:
         self._reader = asyncio.get_running_loop().create_task(self._read_loop(), name=f"agent-reader-{self._name}")
         meta, _ = await self.request(p.K_PING, {}, timeout=timeout)
         if meta.get("protocol") != p.PROTOCOL_VERSION:
-            raise AgentProtocolError(f"agent in {self._name} speaks protocol {meta.get('protocol')}, not {p.PROTOCOL_VERSION}")
+            raise AgentProtocolError(
+                f"agent in {self._name} speaks protocol {meta.get('protocol')}, not {p.PROTOCOL_VERSION}"
+            )
         self.info = meta
         return meta
 
@@ -139,10 +141,14 @@ class AgentChannel:
         return p.write_files_result(result)
 
     async def read_files(self, paths: Sequence[str], max_bytes: int, timeout: float) -> list[FileRead]:
-        result, body = await self.request(p.K_READ_FILES, {"paths": list(paths), "max_bytes": max_bytes}, timeout=timeout)
+        result, body = await self.request(
+            p.K_READ_FILES, {"paths": list(paths), "max_bytes": max_bytes}, timeout=timeout
+        )
         return p.read_files_result(result, body)
 
-    async def list_dir(self, path: str, *, recursive: bool, max_entries: int, timeout: float) -> tuple[list[FileStat], bool]:
+    async def list_dir(
+        self, path: str, *, recursive: bool, max_entries: int, timeout: float
+    ) -> tuple[list[FileStat], bool]:
         result, _ = await self.request(
             p.K_LIST, {"path": path, "recursive": recursive, "max_entries": max_entries}, timeout=timeout
         )

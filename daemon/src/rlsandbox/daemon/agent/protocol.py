@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
-
 from rlsandbox.daemon.agent.sandbox_agent import (
     HEADER,
     K_CANCEL,
@@ -116,7 +115,9 @@ def write_files_request(files: Sequence[FileWrite]) -> tuple[dict[str, Any], byt
 
 
 def write_files_result(meta: dict[str, Any]) -> list[FileWriteResult]:
-    return [FileWriteResult(path=r["path"], error=None if r.get("ok") else r.get("error", "failed")) for r in meta["files"]]
+    return [
+        FileWriteResult(path=r["path"], error=None if r.get("ok") else r.get("error", "failed")) for r in meta["files"]
+    ]
 
 
 def read_files_result(meta: dict[str, Any], body: bytes) -> list[FileRead]:

@@ -280,6 +280,21 @@ class _ProcessCommand(_Command):
     def maybe_finish(self, force=False):
         if self.exit_status is None or (self.open_pipes and not force):
             return
+        if self.open_pipes:
+            # The grace ran out with a pipe still open. Whatever is already in it still belongs
+            # to this command (the loop may simply not have got to it yet); only a writer that
+            # keeps it open (a background process) is cut off.
+            for which, f in ((1, self.proc.stdout), (2, self.proc.stderr)):
+                if f.fileno() not in self.agent.readers:
+                    continue
+                while True:
+                    try:
+                        data = os.read(f.fileno(), READ_CHUNK)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    if not data:
+                        break
+                    self.on_output(which, data)
         for f in (self.proc.stdout, self.proc.stderr):
             self.agent.unwatch(f.fileno())
             f.close()
@@ -392,10 +407,13 @@ class _Shell(object):
         code, sig = (None, os.WTERMSIG(status)) if os.WIFSIGNALED(status) else (os.WEXITSTATUS(status), None)
         if self.current is not None:
             restarted = self.current.timed_out or self.current.cancelled
-            self.complete(code if not restarted else None, sig if not restarted else signal.SIGKILL,
-                          {"shell_exited": True})
+            self.complete(
+                code if not restarted else None, sig if not restarted else signal.SIGKILL, {"shell_exited": True}
+            )
         for cmd in self.queue:
-            cmd.finish(None, None, {"shell_exited": True, "error": "shell %r exited before this command ran" % self.name})
+            cmd.finish(
+                None, None, {"shell_exited": True, "error": "shell %r exited before this command ran" % self.name}
+            )
         self.queue = []
 
     def kill_children(self):
@@ -510,6 +528,7 @@ class Agent(object):
         self.readers = {}
         self.stdin_feeds = {}
         self.shells = {}
+        self.spawn_backlog = []
         self.running = True
         self.shell_path = "/bin/sh"
         self.bash_path = next((p for p in ("/bin/bash", "/usr/bin/bash") if os.path.exists(p)), None)
@@ -627,17 +646,34 @@ class Agent(object):
             return
         try:
             if kind == K_PING:
-                self.send(K_RESULT, rid, _dumps({
-                    "protocol": PROTOCOL_VERSION, "agent_version": AGENT_VERSION, "pid": os.getpid(),
-                    "python": "%d.%d.%d" % sys.version_info[:3], "bash": self.bash_path is not None,
-                }))
+                self.send(
+                    K_RESULT,
+                    rid,
+                    _dumps(
+                        {
+                            "protocol": PROTOCOL_VERSION,
+                            "agent_version": AGENT_VERSION,
+                            "pid": os.getpid(),
+                            "python": "%d.%d.%d" % sys.version_info[:3],
+                            "bash": self.bash_path is not None,
+                        }
+                    ),
+                )
             elif kind == K_EXEC:
                 self._exec(rid, req, body)
             elif kind == K_CANCEL:
-                cmd = self.commands.get(int(req.get("target", -1)))
+                target = int(req.get("target", -1))
+                cmd = self.commands.get(target)
                 if cmd is not None:
                     cmd.cancel()
-                self.send(K_RESULT, rid, _dumps({"found": cmd is not None}))
+                waiting = [b for b in self.spawn_backlog if b[0] == target]
+                for entry in waiting:
+                    self.spawn_backlog.remove(entry)
+                    never = _Command(self, target, entry[1], b"")
+                    never.cancelled = True
+                    self.commands[target] = never
+                    never.finish(None, None)
+                self.send(K_RESULT, rid, _dumps({"found": cmd is not None or bool(waiting)}))
             elif kind == K_WRITE_FILES:
                 self.send(K_RESULT, rid, _dumps(_write_files(req, body)))
             elif kind == K_READ_FILES:
@@ -682,17 +718,42 @@ class Agent(object):
             raise ValueError("exec needs a non-empty argv or a shell string")
         try:
             cmd = _ProcessCommand(self, rid, req, stdin)
+        except BlockingIOError:
+            # EAGAIN from fork: the sandbox's pids limit is reached. Wait for processes to exit
+            # instead of failing the command; it still fails at its own timeout.
+            timeout = req.get("timeout")
+            deadline = time.monotonic() + float(timeout) if timeout else None
+            self.spawn_backlog.append((rid, req, stdin, deadline))
+            return
         except OSError as e:
             # Like a shell: 127 when the program is missing, 126 when it cannot run.
             code = 127 if e.errno in (errno.ENOENT, errno.ENOTDIR) else 126
             if req.get("cwd") and not os.path.isdir(req["cwd"]):
                 code = 126
             cmd = _Command(self, rid, req, stdin)
-            cmd.on_output(2, ("rlsandbox: cannot run %r: %s\n" % (req.get("argv") or req.get("shell"), e.strerror)).encode())
+            cmd.on_output(
+                2, ("rlsandbox: cannot run %r: %s\n" % (req.get("argv") or req.get("shell"), e.strerror)).encode()
+            )
             self.commands[rid] = cmd
             cmd.finish(code, None, {"spawn_error": e.strerror})
             return
         self.commands[rid] = cmd
+
+    def _retry_spawns(self):
+        backlog, self.spawn_backlog = self.spawn_backlog, []
+        now = time.monotonic()
+        for i, (rid, req, stdin, deadline) in enumerate(backlog):
+            if deadline is not None and now >= deadline:
+                cmd = _Command(self, rid, req, stdin)
+                cmd.timed_out = True
+                cmd.on_output(2, b"rlsandbox: could not start the command: process limit reached\n")
+                self.commands[rid] = cmd
+                cmd.finish(None, None, {"spawn_error": "process limit reached"})
+                continue
+            self._exec(rid, req, stdin)
+            if self.spawn_backlog and self.spawn_backlog[-1][0] == rid:
+                self.spawn_backlog.extend(backlog[i + 1 :])
+                return
 
     # -- main loop ----------------------------------------------------------------------------------
     def _on_term(self, *args):
@@ -700,6 +761,8 @@ class Agent(object):
 
     def _next_timeout(self):
         deadlines = [d for d in (c.next_deadline() for c in self.commands.values()) if d is not None]
+        if self.spawn_backlog:
+            deadlines.append(time.monotonic() + 0.05)
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - time.monotonic())
@@ -735,6 +798,8 @@ class Agent(object):
                     except (BlockingIOError, InterruptedError):
                         pass
                     self._reap()
+            if self.spawn_backlog:
+                self._retry_spawns()
             now = time.monotonic()
             for cmd in list(self.commands.values()):
                 d = cmd.next_deadline()
@@ -826,7 +891,9 @@ def _read_files(req):
                 data = f.read(cap)
                 truncated = len(data) == cap and f.read(1) != b""
             chunks.append(data)
-            out.append({"path": path, "ok": True, "size": max(size, len(data)), "length": len(data), "truncated": truncated})
+            out.append(
+                {"path": path, "ok": True, "size": max(size, len(data)), "length": len(data), "truncated": truncated}
+            )
         except OSError as e:
             out.append({"path": path, "ok": False, "error": e.strerror or str(e), "length": 0})
     return {"files": out}, b"".join(chunks)
@@ -845,8 +912,14 @@ def _stat(path):
         kind = "file"
     else:
         kind = "other"
-    return {"path": path, "exists": True, "type": kind, "size": st.st_size,
-            "mode": stat_mod.S_IMODE(st.st_mode), "mtime": st.st_mtime}
+    return {
+        "path": path,
+        "exists": True,
+        "type": kind,
+        "size": st.st_size,
+        "mode": stat_mod.S_IMODE(st.st_mode),
+        "mtime": st.st_mtime,
+    }
 
 
 def _list_dir(req):

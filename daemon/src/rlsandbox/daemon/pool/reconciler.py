@@ -48,8 +48,12 @@ class Reconciler:
                 removed.append(c.name)
         if removed:
             self.removed_total += len(removed)
-            log.warning("removed %d orphaned sandbox containers of owner %s: %s",
-                        len(removed), runtime.owner, ", ".join(removed[:20]))
+            log.warning(
+                "removed %d orphaned sandbox containers of owner %s: %s",
+                len(removed),
+                runtime.owner,
+                ", ".join(removed[:20]),
+            )
         return removed
 
     async def run(self) -> None:

@@ -13,8 +13,9 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from rlsandbox.daemon.errors import PoolUnhealthy, ResourceExhausted, SandboxError, Unavailable
 from rlsandbox.daemon.pool.factory import SandboxFactory
@@ -117,10 +118,10 @@ class WarmPool:
         if self._closing:
             raise Unavailable(f"pool {self.name} is shutting down")
         while self._ready:
-            sandbox = self._ready.popleft()
-            if sandbox.alive:
-                return self._lease(sandbox)
-            self._spawn(self._destroy(sandbox, "died while ready"))
+            candidate = self._ready.popleft()
+            if candidate.alive:
+                return self._lease(candidate)
+            self._spawn(self._destroy(candidate, "died while ready"))
         if self._consecutive_failures >= FAIL_WAITERS_AFTER and self._backoff_remaining() > 0:
             raise self._unhealthy()
         if len(self._waiters) >= self._max_waiters:
@@ -260,7 +261,10 @@ class WarmPool:
         self._backoff_until = time.monotonic() + delay
         log.warning(
             "pool %s: sandbox creation failed (%d in a row, backing off %.1f s): %s",
-            self.name, self._consecutive_failures, delay, message,
+            self.name,
+            self._consecutive_failures,
+            delay,
+            message,
             exc_info=not isinstance(error, SandboxError),
         )
         if self._consecutive_failures >= FAIL_WAITERS_AFTER:
@@ -283,8 +287,8 @@ class WarmPool:
         await self._factory.destroy(sandbox, reason)
         self._destroyed_total += 1
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

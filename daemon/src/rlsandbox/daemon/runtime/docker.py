@@ -24,7 +24,6 @@ from typing import Any
 import aiodocker
 import aiohttp
 from aiodocker.stream import Stream
-
 from rlsandbox.daemon.errors import (
     ContainerNotFound,
     DeadlineExceeded,
@@ -34,6 +33,7 @@ from rlsandbox.daemon.errors import (
     SandboxError,
 )
 from rlsandbox.daemon.model import ContainerSpec
+from yarl import URL
 
 log = logging.getLogger(__name__)
 
@@ -361,7 +361,9 @@ class DockerRuntime:
         code = info.get("ExitCode")
         return -1 if code is None else int(code)
 
-    async def put_files(self, container_id: str, files: Sequence[tuple[str, bytes, int]], timeout: float | None = None) -> None:
+    async def put_files(
+        self, container_id: str, files: Sequence[tuple[str, bytes, int]], timeout: float | None = None
+    ) -> None:
         """Write files (absolute path, data, mode) with one tar upload; parents are created."""
         buf = io.BytesIO()
         now = time.time()
@@ -383,17 +385,21 @@ class DockerRuntime:
                 info.mode = mode
                 info.mtime = int(now)
                 tar.addfile(info, io.BytesIO(data))
-        async with self._call("archive upload", timeout, container_id=container_id):
-            async with self.docker._query(
+        async with (
+            self._call("archive upload", timeout, container_id=container_id),
+            self.docker._query(
                 f"containers/{container_id}/archive",
                 method="PUT",
-                data=buf.getvalue(),
+                data=io.BytesIO(buf.getvalue()),
                 headers={"content-type": "application/x-tar"},
                 params={"path": "/", "noOverwriteDirNonDir": "false"},
-            ):
-                pass
+            ),
+        ):
+            pass
 
-    async def get_file(self, container_id: str, path: str, max_bytes: int, timeout: float | None = None) -> tuple[bytes, int]:
+    async def get_file(
+        self, container_id: str, path: str, max_bytes: int, timeout: float | None = None
+    ) -> tuple[bytes, int]:
         """Read one regular file through the archive API: (first ``max_bytes`` bytes, full size)."""
         async with self._call("archive download", timeout, container_id=container_id):
             tar = await self.docker.containers.container(container_id).get_archive(path)
@@ -408,11 +414,11 @@ class DockerRuntime:
     async def stat_path(self, container_id: str, path: str, timeout: float | None = None) -> dict[str, Any] | None:
         """Stat a path through the archive API's HEAD; None when it does not exist."""
         try:
-            async with self._call("archive stat", timeout, container_id=container_id):
-                async with self.docker._query(
-                    f"containers/{container_id}/archive", method="HEAD", params={"path": path}
-                ) as resp:
-                    header = resp.headers.get("X-Docker-Container-Path-Stat", "")
+            async with (
+                self._call("archive stat", timeout, container_id=container_id),
+                self.docker._query(f"containers/{container_id}/archive", method="HEAD", params={"path": path}) as resp,
+            ):
+                header = resp.headers.get("X-Docker-Container-Path-Stat", "")
         except ContainerNotFound as e:
             if "could not find the file" in e.message.lower() or "no such" in e.message.lower():
                 return None
@@ -435,31 +441,53 @@ class DockerRuntime:
 
     async def import_rootfs(self, tar_path: Path, *, tag: str, changes: Sequence[str], timeout: float = 600) -> None:
         """``docker import`` of a root filesystem tarball, streamed from disk."""
-        params = [("fromSrc", "-"), ("repo", tag)] + [("changes", c) for c in changes]
+        url = URL("images/create").with_query([("fromSrc", "-"), ("repo", tag)] + [("changes", c) for c in changes])
 
         async def chunks() -> AsyncIterator[bytes]:
             with open(tar_path, "rb") as f:  # noqa: ASYNC230 - a CLI-time build step, not a hot path
                 while data := f.read(1 << 20):
                     yield data
 
-        async with self._call("image import", timeout):
-            async with self.docker._query(
-                "images/create", method="POST", params=params, data=chunks(),
+        async with (
+            self._call("image import", timeout),
+            self.docker._query(
+                url,
+                method="POST",
+                data=chunks(),
                 headers={"content-type": "application/x-tar"},
-            ) as resp:
-                await _raise_on_stream_error(resp, "image import")
+            ) as resp,
+        ):
+            await _raise_on_stream_error(resp, "image import")
 
     async def build_image(
-        self, context_tar: bytes, *, tag: str, labels: Mapping[str, str], timeout: float = 1200
+        self,
+        context_tar: bytes,
+        *,
+        tag: str,
+        labels: Mapping[str, str],
+        buildargs: Mapping[str, str] | None = None,
+        timeout: float = 1200,
     ) -> list[str]:
         """Build a Dockerfile context (a tar) with the engine's builder; returns the build log."""
-        params = {"t": tag, "labels": json.dumps(dict(labels)), "rm": "1", "forcerm": "1", "pull": "0"}
-        async with self._call("image build", timeout):
-            async with self.docker._query(
-                "build", method="POST", params=params, data=context_tar,
+        params = {
+            "t": tag,
+            "labels": json.dumps(dict(labels)),
+            "buildargs": json.dumps(dict(buildargs or {})),
+            "rm": "1",
+            "forcerm": "1",
+            "pull": "0",
+        }
+        async with (
+            self._call("image build", timeout),
+            self.docker._query(
+                "build",
+                method="POST",
+                params=params,
+                data=io.BytesIO(context_tar),
                 headers={"content-type": "application/x-tar"},
-            ) as resp:
-                return await _raise_on_stream_error(resp, "image build")
+            ) as resp,
+        ):
+            return await _raise_on_stream_error(resp, "image build")
 
 
 async def _raise_on_stream_error(resp: aiohttp.ClientResponse, what: str) -> list[str]:

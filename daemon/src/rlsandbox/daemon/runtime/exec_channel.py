@@ -23,7 +23,7 @@ _PIDFILE_WRAPPER = 'echo $$ > "$0"; "$@"; ec=$?; rm -f "$0"; exit $ec'
 
 
 class _Capture:
-    __slots__ = ("cap", "data", "total", "on_chunk", "stream")
+    __slots__ = ("cap", "data", "on_chunk", "stream", "total")
 
     def __init__(self, cap: int, stream: int, on_chunk: ChunkCallback | None) -> None:
         self.cap = cap
@@ -81,8 +81,13 @@ class ExecChannel:
             nonlocal timed_out
             timed_out = True
             await self._runtime.exec_stream(
-                self._cid, ["/bin/sh", "-c", f'kill -KILL -"$(cat {pidfile})"'],
-                cwd=None, env={}, stdin=b"", on_output=lambda s, d: None, timeout=10,
+                self._cid,
+                ["/bin/sh", "-c", f'kill -KILL -"$(cat {pidfile})"'],
+                cwd=None,
+                env={},
+                stdin=b"",
+                on_output=lambda s, d: None,
+                timeout=10,
             )
 
         started = time.monotonic()
@@ -145,7 +150,9 @@ class ExecChannel:
         kind = "dir" if mode & (1 << 31) else "symlink" if mode & (1 << 27) else "file"
         return FileStat(path=shown, exists=True, type=kind, size=int(info.get("size", 0)), mode=mode & 0o7777)
 
-    async def list_dir(self, path: str, *, recursive: bool, max_entries: int, timeout: float) -> tuple[list[FileStat], bool]:
+    async def list_dir(
+        self, path: str, *, recursive: bool, max_entries: int, timeout: float
+    ) -> tuple[list[FileStat], bool]:
         argv = ["find", path, "-mindepth", "1"] + ([] if recursive else ["-maxdepth", "1"])
         result = await self.exec(ExecRequest(argv=tuple(argv), timeout=timeout, stdout_cap=8 << 20))
         if result.exit_code != 0:

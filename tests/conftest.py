@@ -1,0 +1,74 @@
+"""Fixtures shared by every test: a real Docker engine, the real images, leak checks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, DockerRuntime
+
+TEST_OWNER = f"test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+BUSYBOX = "rlsandbox/busybox:latest"
+PYTHON = "rlsandbox/python-task:latest"
+
+
+@pytest.fixture(autouse=True)
+def _fail_on_unhandled_loop_exceptions() -> object:
+    """An exception nobody retrieved inside the event loop fails the test that caused it."""
+    seen: list[dict[str, object]] = []
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        yield
+        return
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, ctx: seen.append(ctx))
+    yield
+    loop.set_exception_handler(previous)
+    assert not seen, f"unhandled exceptions in the event loop: {seen}"
+
+
+@pytest.fixture(scope="session")
+async def docker_runtime() -> AsyncIterator[DockerRuntime]:
+    runtime = DockerRuntime(owner=TEST_OWNER, instance="pytest")
+    await runtime.start()
+    try:
+        await runtime.ping()
+    except Exception as e:  # a test run without Docker is a broken setup, not a pass
+        await runtime.close()
+        pytest.fail(f"Docker engine not reachable ({e}); run scripts/bootstrap.sh first", pytrace=False)
+    try:
+        yield runtime
+    finally:
+        leftovers = await runtime.list_containers({LABEL_MANAGED: "1", LABEL_OWNER: TEST_OWNER})
+        for c in leftovers:
+            await runtime.remove(c.id)
+        await runtime.close()
+
+
+@pytest.fixture(scope="session")
+async def images(docker_runtime: DockerRuntime) -> dict[str, str]:
+    """Make sure the test images exist (a no-op when `rlsandbox images build` ran already)."""
+    from rlsandbox.daemon.images import ImageBuilder, default_images_dir
+
+    builder = ImageBuilder(docker_runtime, default_images_dir())
+    await builder.build(["busybox", "python-task"])
+    return {"busybox": BUSYBOX, "python": PYTHON}
+
+
+@pytest.fixture
+async def no_leaks(docker_runtime: DockerRuntime) -> AsyncIterator[None]:
+    """Asserts that the test left behind no container of the test owner that it created."""
+    owned = {LABEL_MANAGED: "1", LABEL_OWNER: TEST_OWNER}
+    before = {c.id for c in await docker_runtime.list_containers(owned)}
+    yield
+    left = [c.name for c in await docker_runtime.list_containers(owned) if c.id not in before]
+    assert not left, f"containers leaked: {left}"

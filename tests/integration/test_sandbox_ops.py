@@ -1,0 +1,168 @@
+"""Every sandbox operation, in real containers, through the agent and through the exec fallback.
+
+The same assertions run on both paths: the fallback must give the same results, only slower.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+from rlsandbox.daemon.errors import FailedPrecondition
+from rlsandbox.daemon.model import AgentMode, ContainerSpec, ExecRequest, FileWrite
+from rlsandbox.daemon.pool import PoolSpec, SandboxFactory
+from rlsandbox.daemon.runtime.docker import DockerRuntime
+from rlsandbox.daemon.sandbox import Sandbox
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module", params=["agent", "fallback"])
+async def sandbox(
+    request: pytest.FixtureRequest, docker_runtime: DockerRuntime, images: dict[str, str]
+) -> AsyncIterator[Sandbox]:
+    image = images["python"] if request.param == "agent" else images["busybox"]
+    factory = SandboxFactory(docker_runtime)
+    sb = await factory.create(PoolSpec(name=f"ops-{request.param}", container=ContainerSpec(image=image)))
+    assert sb.mode == ("agent" if request.param == "agent" else "exec")
+    yield sb
+    await factory.destroy(sb)
+
+
+async def test_exit_codes_and_stderr(sandbox: Sandbox) -> None:
+    r = await sandbox.exec(ExecRequest(shell="echo out; echo err >&2; exit 7"))
+    assert (r.exit_code, r.stdout, r.stderr, r.timed_out) == (7, b"out\n", b"err\n", False)
+    r = await sandbox.exec(ExecRequest(argv=("sh", "-c", "kill -TERM $$")))
+    assert r.signal == 15 or r.exit_code == 143
+
+
+async def test_cwd_env_and_stdin(sandbox: Sandbox) -> None:
+    r = await sandbox.exec(
+        ExecRequest(
+            argv=("sh", "-c", "pwd; echo $GREETING; cat"), cwd="/tmp", env={"GREETING": "hello"}, stdin=b"from stdin"
+        )
+    )
+    assert r.stdout == b"/tmp\nhello\nfrom stdin"
+
+
+async def test_timeout_kills_grandchildren(sandbox: Sandbox) -> None:
+    tag = os.urandom(4).hex()
+    r = await sandbox.exec(ExecRequest(shell=f"(sleep 1000{tag[:0]} &) ; sh -c 'sleep 1001' & sleep 1002", timeout=1))
+    assert r.timed_out and r.exit_code is None and r.signal == 9
+    assert r.duration < 5
+    ps = await sandbox.exec(ExecRequest(argv=("ps", "-o", "args")))
+    leftovers = [line for line in ps.stdout.decode().splitlines() if "sleep 100" in line]
+    assert not leftovers, f"processes survived the timeout: {leftovers}"
+
+
+async def test_output_caps_report_truncation_and_total(sandbox: Sandbox) -> None:
+    r = await sandbox.exec(
+        ExecRequest(shell="head -c 300000 /dev/zero; head -c 5000 /dev/zero >&2", stdout_cap=1000, stderr_cap=10_000)
+    )
+    assert (len(r.stdout), r.stdout_total, r.stdout_truncated) == (1000, 300_000, True)
+    assert (len(r.stderr), r.stderr_total, r.stderr_truncated) == (5000, 5000, False)
+
+
+async def test_binary_output(sandbox: Sandbox) -> None:
+    await sandbox.write_files([FileWrite("/tmp/all-bytes", bytes(range(256)))])
+    r = await sandbox.exec(ExecRequest(argv=("cat", "/tmp/all-bytes")))
+    assert r.stdout == bytes(range(256))
+
+
+async def test_ten_megabyte_file_round_trip(sandbox: Sandbox) -> None:
+    data = os.urandom(10 << 20)
+    results = await sandbox.write_files([FileWrite("/tmp/deep/er/big.bin", data, 0o600)])
+    assert results[0].error is None
+    [read] = await sandbox.read_files(["/tmp/deep/er/big.bin"], max_bytes=20 << 20)
+    assert read.data == data and read.size == len(data) and not read.truncated
+    [capped] = await sandbox.read_files(["/tmp/deep/er/big.bin"], max_bytes=1000)
+    assert capped.data == data[:1000] and capped.truncated and capped.size == len(data)
+    [st] = await sandbox.stat(["/tmp/deep/er/big.bin"])
+    assert (st.exists, st.type, st.size, st.mode) == (True, "file", len(data), 0o600)
+
+
+async def test_many_files_list_and_missing(sandbox: Sandbox) -> None:
+    files = [FileWrite(f"/tmp/proj/pkg{i % 3}/m{i}.py", f"x = {i}\n".encode()) for i in range(30)]
+    files.append(FileWrite("/tmp/proj/run.sh", b"#!/bin/sh\necho ran\n", 0o755))
+    assert all(r.error is None for r in await sandbox.write_files(files))
+    assert (await sandbox.exec(ExecRequest(argv=("/tmp/proj/run.sh",)))).stdout == b"ran\n"
+    entries, truncated = await sandbox.list_dir("/tmp/proj", recursive=True)
+    names = {e.path for e in entries}
+    assert {"pkg0", "pkg1/m1.py", "run.sh"} <= names and len(names) == 34 and not truncated
+    top, _ = await sandbox.list_dir("/tmp/proj")
+    assert {e.path for e in top} == {"pkg0", "pkg1", "pkg2", "run.sh"}
+    [missing] = await sandbox.read_files(["/tmp/proj/nope"])
+    assert missing.error and not missing.data
+    [st] = await sandbox.stat(["/tmp/proj/nope"])
+    assert not st.exists
+
+
+async def test_missing_program_is_exit_127(sandbox: Sandbox) -> None:
+    r = await sandbox.exec(ExecRequest(argv=("/no/such/program",)))
+    assert r.exit_code in (126, 127)
+
+
+async def test_concurrent_commands_in_one_sandbox(sandbox: Sandbox) -> None:
+    n = 1000 if sandbox.mode == "agent" else 40  # the fallback costs an Engine API exec each
+    results = await asyncio.gather(*(sandbox.exec(ExecRequest(argv=("echo", str(i)))) for i in range(n)))
+    bad = [(i, r) for i, r in enumerate(results) if r.stdout != f"{i}\n".encode()]
+    assert not bad, bad[:3]
+
+
+async def test_persistent_shell_keeps_cwd_env_and_functions(sandbox: Sandbox) -> None:
+    if sandbox.mode != "agent":
+        with pytest.raises(FailedPrecondition, match="python3"):
+            await sandbox.exec(ExecRequest(shell="pwd", shell_session="main"))
+        return
+    await sandbox.exec(
+        ExecRequest(
+            shell="mkdir -p /tmp/w && cd /tmp/w && export K=v1 && greet() { echo hi $1; }", shell_session="main"
+        )
+    )
+    r = await sandbox.exec(ExecRequest(shell="pwd; echo $K; greet you; false", shell_session="main"))
+    assert (r.stdout, r.exit_code) == (b"/tmp/w\nv1\nhi you\n", 1)
+    r = await sandbox.exec(ExecRequest(shell="sleep 100", shell_session="main", timeout=0.5))
+    assert r.timed_out
+    r = await sandbox.exec(ExecRequest(shell="echo $K; pwd", shell_session="main"))
+    assert r.stdout == b"v1\n/tmp/w\n", "a timed-out command must not take the shell's state with it"
+    other = await sandbox.exec(ExecRequest(shell="echo ${K:-unset}", shell_session="other"))
+    assert other.stdout == b"unset\n"
+    assert await sandbox.close_shell("main")
+
+
+async def test_agent_reaps_zombies(sandbox: Sandbox) -> None:
+    if sandbox.mode != "agent":
+        pytest.skip("zombie reaping of the fallback is docker-init's job")
+    for _ in range(5):
+        await sandbox.exec(ExecRequest(shell="(sleep 0.1 &) ; true"))
+    await asyncio.sleep(0.5)
+    r = await sandbox.exec(ExecRequest(argv=("ps", "-eo", "stat,args")))
+    zombies = [line for line in r.stdout.decode().splitlines() if line.strip().startswith("Z")]
+    assert not zombies, zombies
+
+
+async def test_hardened_container_config(sandbox: Sandbox, docker_runtime: DockerRuntime) -> None:
+    info = await docker_runtime.inspect(sandbox.container_id)
+    host = info["HostConfig"]
+    assert host["NetworkMode"] == "none" and "no-new-privileges:true" in host["SecurityOpt"]
+    assert host["CapDrop"] == ["ALL"] and host["PidsLimit"] > 0 and host["Memory"] > 0
+    assert info["Config"]["Labels"]["rlsandbox.owner"] == docker_runtime.owner
+    r = await sandbox.exec(ExecRequest(shell="cat /proc/self/status | grep -i nonewprivs"))
+    assert b"1" in r.stdout
+
+
+@pytest.mark.runsc
+async def test_agent_under_gvisor(docker_runtime: DockerRuntime, images: dict[str, str], no_leaks: None) -> None:
+    factory = SandboxFactory(docker_runtime)
+    spec = PoolSpec(
+        name="gvisor", container=ContainerSpec(image=images["python"], runtime="runsc", agent=AgentMode.AGENT)
+    )
+    sb = await factory.create(spec)
+    try:
+        r = await sb.exec(ExecRequest(shell="dmesg 2>/dev/null | head -1; echo done"))
+        assert r.exit_code == 0 and b"done" in r.stdout
+        assert b"gVisor" in r.stdout or b"Starting" in r.stdout, r.stdout
+    finally:
+        await factory.destroy(sb)

@@ -1,0 +1,96 @@
+"""The in-sandbox agent run as a host subprocess: its semantics without Docker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from agent_local import SubprocessTransport
+from rlsandbox.daemon.agent import protocol as p
+from rlsandbox.daemon.agent.channel import AgentChannel
+from rlsandbox.daemon.errors import InvalidArgument, SandboxDied
+from rlsandbox.daemon.model import ExecRequest, OutputChunk
+
+
+@pytest.fixture
+async def channel() -> AsyncIterator[AgentChannel]:
+    ch = AgentChannel(await SubprocessTransport.start(), name="local-agent")
+    await ch.start(timeout=10)
+    yield ch
+    await ch.close()
+
+
+async def test_hello_reports_protocol_and_python(channel: AgentChannel) -> None:
+    assert channel.info["protocol"] == p.PROTOCOL_VERSION
+    assert channel.info["python"].count(".") == 2
+
+
+async def test_invalid_utf8_output_is_returned_as_bytes(channel: AgentChannel) -> None:
+    r = await channel.exec(ExecRequest(shell="printf '\\303\\050\\377ok'"))
+    assert r.stdout == b"\xc3\x28\xffok"
+
+
+async def test_cancelling_the_caller_kills_the_command(channel: AgentChannel, tmp_path: object) -> None:
+    marker = f"/tmp/rls-cancel-{os.getpid()}"
+    task = asyncio.create_task(channel.exec(ExecRequest(shell=f"sleep 0.5; touch {marker}", timeout=30)))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.6)
+    assert not os.path.exists(marker), "the command kept running after its caller was cancelled"
+
+
+async def test_stream_delivers_chunks_while_running(channel: AgentChannel) -> None:
+    arrivals: list[tuple[float, OutputChunk]] = []
+    started = time.monotonic()
+    r = await channel.exec(
+        ExecRequest(shell="echo first; sleep 0.5; echo second"),
+        on_chunk=lambda c: arrivals.append((time.monotonic() - started, c)),
+    )
+    assert r.stdout == b"first\nsecond\n"
+    assert arrivals[0][1].data == b"first\n" and arrivals[0][0] < 0.4
+
+
+async def test_bad_request_is_an_error_not_a_crash(channel: AgentChannel) -> None:
+    with pytest.raises(InvalidArgument, match="non-empty argv"):
+        await channel.request(p.K_EXEC, {"argv": []}, timeout=5)
+    with pytest.raises(InvalidArgument, match="unknown request kind"):
+        await channel.request(77, {}, timeout=5)
+    assert (await channel.exec(ExecRequest(argv=("true",)))).exit_code == 0
+
+
+async def test_unknown_protocol_version_gets_an_error_and_the_agent_lives_on() -> None:
+    transport = await SubprocessTransport.start()
+    ch = AgentChannel(transport, name="v")
+    await ch.start(timeout=10)
+    frame = bytearray(p.encode_frame(p.K_PING, 999, b"{}"))
+    frame[2] = 42
+    await transport.send(bytes(frame))
+    assert (await ch.exec(ExecRequest(argv=("echo", "alive")))).stdout == b"alive\n"
+    await ch.close()
+
+
+async def test_garbage_on_the_wire_ends_the_agent_and_fails_callers() -> None:
+    transport = await SubprocessTransport.start()
+    ch = AgentChannel(transport, name="g")
+    await ch.start(timeout=10)
+    pending = asyncio.create_task(ch.exec(ExecRequest(shell="sleep 5")))
+    await asyncio.sleep(0.1)
+    await transport.send(b"this is not a frame at all")
+    with pytest.raises(SandboxDied):
+        await pending
+    assert not ch.alive
+    await ch.close()
+
+
+async def test_shutdown_exits_cleanly() -> None:
+    transport = await SubprocessTransport.start()
+    ch = AgentChannel(transport, name="s")
+    await ch.start(timeout=10)
+    await ch.request(p.K_SHUTDOWN, {}, timeout=5)
+    assert await asyncio.wait_for(transport.proc.wait(), 5) == 0
+    await ch.close()

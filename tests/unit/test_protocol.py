@@ -1,0 +1,112 @@
+"""Agent protocol framing: pure functions, no Docker, no processes."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from rlsandbox.daemon.agent import protocol as p
+from rlsandbox.daemon.model import ExecRequest, FileWrite
+
+
+def test_round_trip_single_frame() -> None:
+    frame = p.encode_frame(p.K_EXEC, 7, b'{"a":1}', b"\x00\xff body")
+    assert p.FrameDecoder().feed(frame) == [(p.K_EXEC, 7, b'{"a":1}', b"\x00\xff body")]
+
+
+def test_partial_reads_byte_by_byte() -> None:
+    frames = [p.encode_frame(p.K_STDOUT, i, b"{}", bytes([i]) * i) for i in range(1, 40)]
+    stream = b"".join(frames)
+    dec = p.FrameDecoder()
+    got = []
+    for i in range(len(stream)):
+        got += dec.feed(stream[i : i + 1])
+    assert [(k, rid, body) for k, rid, _, body in got] == [(p.K_STDOUT, i, bytes([i]) * i) for i in range(1, 40)]
+    assert dec.buffered == 0
+
+
+def test_many_frames_in_one_read() -> None:
+    stream = b"".join(p.encode_frame(p.K_RESULT, i, b"{}", b"x") for i in range(1000))
+    assert [rid for _, rid, _, _ in p.FrameDecoder().feed(stream)] == list(range(1000))
+
+
+def test_binary_and_invalid_utf8_bodies_pass_untouched() -> None:
+    body = bytes(range(256)) * 10 + b"\xc3\x28\xa0\xa1"
+    assert p.FrameDecoder().feed(p.encode_frame(p.K_STDOUT, 1, b"{}", body))[0][3] == body
+
+
+def test_large_payload() -> None:
+    body = b"\xab" * (20 << 20)
+    frame = p.encode_frame(p.K_WRITE_FILES, 3, b"{}", body)
+    dec = p.FrameDecoder()
+    out = []
+    for i in range(0, len(frame), 1 << 16):
+        out += dec.feed(frame[i : i + (1 << 16)])
+    assert len(out) == 1 and out[0][3] == body
+
+
+def test_unknown_version_is_skipped_and_reported_without_losing_neighbours() -> None:
+    good1 = p.encode_frame(p.K_RESULT, 1, b"{}", b"a")
+    future = bytearray(p.encode_frame(p.K_RESULT, 2, b"{}", b"b"))
+    future[2] = 99  # version byte
+    good3 = p.encode_frame(p.K_RESULT, 3, b"{}", b"c")
+    dec = p.FrameDecoder()
+    with pytest.raises(p.UnsupportedVersion) as info:
+        dec.feed(good1 + bytes(future) + good3)
+    assert info.value.version == 99 and info.value.request_id == 2
+    assert [rid for _, rid, _, _ in info.value.frames] == [1, 3]  # type: ignore[attr-defined]
+    assert dec.buffered == 0
+    assert dec.feed(p.encode_frame(p.K_RESULT, 4)) == [(p.K_RESULT, 4, b"{}", b"")]
+
+
+def test_bad_magic_is_a_protocol_error() -> None:
+    with pytest.raises(p.ProtocolError, match="magic"):
+        p.FrameDecoder().feed(b"GARBAGE-GARBAGE-GARBAGE")
+
+
+def test_oversized_frame_is_rejected_before_buffering() -> None:
+    header = p.HEADER.pack(b"RX", p.PROTOCOL_VERSION, p.K_EXEC, 1, 2, p.MAX_BODY + 1)
+    with pytest.raises(p.ProtocolError, match="too large"):
+        p.FrameDecoder().feed(header)
+    with pytest.raises(p.ProtocolError, match="too large"):
+        p.encode_frame(p.K_EXEC, 1, b"x" * (p.MAX_META + 1))
+
+
+def test_header_layout_is_stable() -> None:
+    # The agent inside old images and a newer daemon must agree on this forever.
+    assert p.HEADER.size == 16
+    assert p.encode_frame(1, 2, b"{}", b"z")[:16] == struct.pack(">2sBBIII", b"RX", 1, 1, 2, 2, 1)
+
+
+def test_exec_request_and_result_codecs() -> None:
+    meta, body = p.exec_request(
+        ExecRequest(argv=("ls", "-l"), cwd="/w", env={"A": "1"}, stdin=b"in", timeout=3), stream=False
+    )
+    assert meta["argv"] == ["ls", "-l"] and meta["cwd"] == "/w" and meta["env"] == {"A": "1"} and body == b"in"
+    result = p.exec_result({"exit_code": 2, "stdout_len": 3, "stdout_total": 9, "stdout_truncated": True}, b"outerr")
+    assert (result.stdout, result.stderr, result.exit_code, result.stdout_truncated) == (b"out", b"err", 2, True)
+
+
+def test_write_and_read_files_codecs() -> None:
+    meta, body = p.write_files_request([FileWrite("/a", b"12"), FileWrite("/b", b"", 0o755), FileWrite("/c", b"345")])
+    assert [f["size"] for f in meta["files"]] == [2, 0, 3] and body == b"12345"
+    reads = p.read_files_result(
+        {
+            "files": [
+                {"path": "/a", "ok": True, "length": 2, "size": 10, "truncated": True},
+                {"path": "/x", "ok": False, "error": "No such file"},
+                {"path": "/c", "ok": True, "length": 3},
+            ]
+        },
+        b"12345",
+    )
+    assert [(r.data, r.truncated, r.error) for r in reads] == [
+        (b"12", True, None),
+        (b"", False, "No such file"),
+        (b"345", False, None),
+    ]
+
+
+def test_meta_must_be_an_object() -> None:
+    with pytest.raises(p.ProtocolError):
+        p.loads(b"[1,2]")
