@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,11 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from helpers import BUSYBOX, PYTHON, TEST_OWNER
 from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, DockerRuntime
-
-TEST_OWNER = f"test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-BUSYBOX = "rlsandbox/busybox:latest"
-PYTHON = "rlsandbox/python-task:latest"
 
 
 @pytest.fixture(autouse=True)

@@ -124,9 +124,7 @@ async def test_failing_setup_backs_off_and_is_reported(
         assert pool.stats().ready == 0
 
 
-async def test_setup_commands_run_before_ready(
-    docker_runtime: DockerRuntime, images: dict[str, str], no_leaks: None
-) -> None:
+async def test_setup_commands_run_before_ready(docker_runtime: DockerRuntime, images: dict[str, str], no_leaks: None) -> None:
     factory = SandboxFactory(docker_runtime)
     spec = PoolSpec(
         name="setup",

@@ -40,9 +40,7 @@ async def test_exit_codes_and_stderr(sandbox: Sandbox) -> None:
 
 async def test_cwd_env_and_stdin(sandbox: Sandbox) -> None:
     r = await sandbox.exec(
-        ExecRequest(
-            argv=("sh", "-c", "pwd; echo $GREETING; cat"), cwd="/tmp", env={"GREETING": "hello"}, stdin=b"from stdin"
-        )
+        ExecRequest(argv=("sh", "-c", "pwd; echo $GREETING; cat"), cwd="/tmp", env={"GREETING": "hello"}, stdin=b"from stdin")
     )
     assert r.stdout == b"/tmp\nhello\nfrom stdin"
 
@@ -117,9 +115,7 @@ async def test_persistent_shell_keeps_cwd_env_and_functions(sandbox: Sandbox) ->
             await sandbox.exec(ExecRequest(shell="pwd", shell_session="main"))
         return
     await sandbox.exec(
-        ExecRequest(
-            shell="mkdir -p /tmp/w && cd /tmp/w && export K=v1 && greet() { echo hi $1; }", shell_session="main"
-        )
+        ExecRequest(shell="mkdir -p /tmp/w && cd /tmp/w && export K=v1 && greet() { echo hi $1; }", shell_session="main")
     )
     r = await sandbox.exec(ExecRequest(shell="pwd; echo $K; greet you; false", shell_session="main"))
     assert (r.stdout, r.exit_code) == (b"/tmp/w\nv1\nhi you\n", 1)
@@ -156,9 +152,7 @@ async def test_hardened_container_config(sandbox: Sandbox, docker_runtime: Docke
 @pytest.mark.runsc
 async def test_agent_under_gvisor(docker_runtime: DockerRuntime, images: dict[str, str], no_leaks: None) -> None:
     factory = SandboxFactory(docker_runtime)
-    spec = PoolSpec(
-        name="gvisor", container=ContainerSpec(image=images["python"], runtime="runsc", agent=AgentMode.AGENT)
-    )
+    spec = PoolSpec(name="gvisor", container=ContainerSpec(image=images["python"], runtime="runsc", agent=AgentMode.AGENT))
     sb = await factory.create(spec)
     try:
         r = await sb.exec(ExecRequest(shell="dmesg 2>/dev/null | head -1; echo done"))

@@ -79,9 +79,7 @@ def test_header_layout_is_stable() -> None:
 
 
 def test_exec_request_and_result_codecs() -> None:
-    meta, body = p.exec_request(
-        ExecRequest(argv=("ls", "-l"), cwd="/w", env={"A": "1"}, stdin=b"in", timeout=3), stream=False
-    )
+    meta, body = p.exec_request(ExecRequest(argv=("ls", "-l"), cwd="/w", env={"A": "1"}, stdin=b"in", timeout=3), stream=False)
     assert meta["argv"] == ["ls", "-l"] and meta["cwd"] == "/w" and meta["env"] == {"A": "1"} and body == b"in"
     result = p.exec_result({"exit_code": 2, "stdout_len": 3, "stdout_total": 9, "stdout_truncated": True}, b"outerr")
     assert (result.stdout, result.stderr, result.exit_code, result.stdout_truncated) == (b"out", b"err", 2, True)

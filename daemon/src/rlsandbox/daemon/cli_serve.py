@@ -1,13 +1,185 @@
-"""Subcommands that run services (daemon, up); filled in by the API work."""
+"""Subcommands that run services: `daemon`, `up` (daemon + demo episode) and `status`."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
 from typing import Any
+
+from rlsandbox.daemon.config import DaemonConfig, load_config
+from rlsandbox.daemon.errors import FailedPrecondition, SandboxError, Unavailable
+
+log = logging.getLogger("rlsandbox")
+
+DEMO_PROJECT = {
+    "calc/__init__.py": "",
+    "calc/ops.py": "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n",
+    "tests/test_ops.py": (
+        "from calc.ops import add, mul\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+        "def test_mul():\n    assert mul(4, 5) == 20\n"
+    ),
+}
+
+
+def _config(args: argparse.Namespace) -> DaemonConfig:
+    overrides: dict[str, Any] = {
+        "listen_tcp": args.listen,
+        "listen_unix": args.unix_socket,
+        "node_id": args.node_id,
+        "docker_socket": args.docker_socket if args.docker_socket != "/var/run/docker.sock" else None,
+    }
+    return load_config(args.config, overrides)
+
+
+async def _daemon(args: argparse.Namespace) -> int:
+    from rlsandbox.daemon.server import NodeDaemon, run_until_signalled
+
+    config = _config(args)
+    await run_until_signalled(NodeDaemon(config))
+    return 0
+
+
+async def ensure_docker(socket_path: str, timeout: float = 60.0) -> None:
+    """Start dockerd in the background when it is not running and we may (root, installed)."""
+    from rlsandbox.daemon.runtime.docker import DockerRuntime
+
+    async with DockerRuntime(owner="up", socket_path=socket_path) as runtime:
+        try:
+            await runtime.ping(timeout=5)
+            return
+        except SandboxError:
+            pass
+        if os.geteuid() != 0 or shutil.which("dockerd") is None:
+            raise Unavailable("the Docker engine is not running: run scripts/bootstrap.sh (as root)")
+        print("starting dockerd (log: /var/log/rlsandbox-dockerd.log)", flush=True)
+        with open("/var/log/rlsandbox-dockerd.log", "ab") as logf:  # noqa: ASYNC230 - once, at start-up
+            subprocess.Popen(["dockerd"], stdout=logf, stderr=logf, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            try:
+                await runtime.ping(timeout=2)
+                return
+            except SandboxError:
+                continue
+    raise Unavailable(f"dockerd did not come up within {timeout:.0f} s; see /var/log/rlsandbox-dockerd.log")
+
+
+async def ensure_images(config: DaemonConfig, socket_path: str) -> None:
+    from rlsandbox.daemon.images import ImageBuilder, default_images_dir
+    from rlsandbox.daemon.runtime.docker import DockerRuntime
+
+    async with DockerRuntime(owner="up", socket_path=socket_path) as runtime:
+        builder = ImageBuilder(runtime, default_images_dir(), progress=lambda line: print(line, flush=True))
+        by_tag = {spec.tag: name for name, spec in builder.specs.items()}
+        wanted = sorted({by_tag[p.image] for p in config.pools if p.image in by_tag})
+        missing = [p.image for p in config.pools if p.image not in by_tag and await runtime.image_labels(p.image) is None]
+        if missing:
+            raise FailedPrecondition(f"pool images not found and not in sandbox_images/images.toml: {missing}")
+        if wanted:
+            await builder.build(wanted)
+
+
+async def demo_episode(target: str, pool: str) -> bool:
+    """A short episode through the real client: write a project, run its tests, print the story."""
+    from rlsandbox.client import AsyncClient
+
+    print(f"\n== demo episode on {target} (pool {pool}) ==", flush=True)
+    async with AsyncClient(target) as client:
+        started = time.perf_counter()
+        async with client.session(pool=pool, labels={"run": "demo", "task": "calc"}) as s:
+            print(
+                f"session {s.id}: {s.info.image} via {s.info.mode}, handed out in {(time.perf_counter() - started) * 1000:.1f} ms"
+            )
+            await s.write_files(DEMO_PROJECT)
+            print(f"wrote {len(DEMO_PROJECT)} files into {s.info.workdir}")
+            r = await s.exec("python3 -m pytest -q 2>&1 | tail -3")
+            print(f"$ python3 -m pytest -q   -> exit {r.exit_code} in {r.duration * 1000:.0f} ms\n{r.stdout_text.rstrip()}")
+            await s.write_files({"calc/ops.py": "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"})
+            broken = await s.exec(["python3", "-m", "pytest", "-q", "-x"])
+            print(
+                f"after breaking add(): pytest exit {broken.exit_code} "
+                f"({broken.stdout_text.strip().splitlines()[-1] if broken.stdout else 'no output'})"
+            )
+            steps = [await s.exec("cd calc && pwd", shell_session="main"), await s.exec("pwd", shell_session="main")]
+            print(f"persistent shell keeps its cwd: {steps[1].stdout_text.strip()}")
+            timings = []
+            for _ in range(50):
+                t = time.perf_counter()
+                await s.exec(["true"])
+                timings.append(time.perf_counter() - t)
+            timings.sort()
+            print(f"50 x `true`: p50 {timings[25] * 1000:.2f} ms, max {timings[-1] * 1000:.2f} ms")
+        print("session closed; its sandbox was destroyed (never reused)")
+        ok = r.exit_code == 0 and broken.exit_code not in (0, None)
+        print("demo:", "OK" if ok else "FAILED", flush=True)
+        return ok
+
+
+async def _up(args: argparse.Namespace) -> int:
+    from rlsandbox.daemon.server import NodeDaemon, run_until_signalled
+
+    config = _config(args)
+    await ensure_docker(config.docker_socket)
+    await ensure_images(config, config.docker_socket)
+    daemon = NodeDaemon(config)
+    outcome: dict[str, bool] = {}
+
+    async def after_start(d: NodeDaemon) -> None:
+        pool = d.pools.get(args.demo_pool)
+        deadline = time.monotonic() + 60
+        while pool is not None and pool.stats().ready == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)  # let the warm pool fill, so the demo shows a warm hand-out
+        outcome["ok"] = await demo_episode(d.address, args.demo_pool)
+        if args.demo_only:
+            await d.stop()
+        else:
+            print(f"\nrlsandbox daemon serving on {d.address}; Ctrl-C to stop", flush=True)
+
+    await run_until_signalled(daemon, on_ready=after_start)
+    return 0 if outcome.get("ok", not args.demo_only) else 1
+
+
+async def _status(args: argparse.Namespace) -> int:
+    from rlsandbox.client import AsyncClient
+
+    async with AsyncClient(args.target, timeout=10) as client:
+        st = await client.node_status()
+    print(
+        f"node {st.node_id} v{st.version}: {st.sessions}/{st.max_sessions} sessions, docker "
+        f"{'ok' if st.docker_reachable else 'UNREACHABLE'}, load {st.load1:.2f}, {st.execs_total} execs"
+    )
+    print(f"{'pool':<12} {'ready':>5} {'in use':>6} {'creating':>8} {'max':>5} {'failures':>8}  image")
+    for p in st.pools:
+        print(
+            f"{p.name:<12} {p.ready:>5} {p.in_use:>6} {p.creating:>8} {p.max_total:>5} {p.failed_total:>8}  {p.image}"
+            + (f"  last error: {p.last_error}" if p.last_error else "")
+        )
+    return 0
+
+
+def _add_daemon_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, default=None, help="TOML config (see deploy/rlsandbox.example.toml)")
+    p.add_argument("--listen", default=None, help="TCP host:port (default 127.0.0.1:7420)")
+    p.add_argument("--unix-socket", default=None, help="also listen on this unix socket")
+    p.add_argument("--node-id", default=None, help="node id (default: host name)")
 
 
 def add_commands(sub: Any) -> None:
-    del sub  # the daemon and `up` are added with the gRPC API
-
-
-__all__ = ["add_commands", "argparse"]
+    daemon = sub.add_parser("daemon", help="run the node daemon until SIGTERM")
+    _add_daemon_options(daemon)
+    daemon.set_defaults(handler=_daemon)
+    up = sub.add_parser("up", help="start Docker if needed, build images, run the daemon and a demo episode")
+    _add_daemon_options(up)
+    up.add_argument("--demo-only", action="store_true", help="stop after the demo episode")
+    up.add_argument("--demo-pool", default="python", help="pool of the demo episode (default python)")
+    up.set_defaults(handler=_up)
+    status = sub.add_parser("status", help="show a daemon's pools and sessions")
+    status.add_argument("--target", default="127.0.0.1:7420")
+    status.set_defaults(handler=_status)

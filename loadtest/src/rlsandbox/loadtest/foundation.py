@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import uvloop
-
 from rlsandbox.daemon.model import AgentMode, ContainerSpec, ExecRequest
 from rlsandbox.daemon.pool import CreateLimiter, PoolSpec, SandboxFactory, WarmPool
 from rlsandbox.daemon.runtime.docker import LABEL_OWNER, DockerRuntime

@@ -74,9 +74,7 @@ class AgentChannel:
         self._reader = asyncio.get_running_loop().create_task(self._read_loop(), name=f"agent-reader-{self._name}")
         meta, _ = await self.request(p.K_PING, {}, timeout=timeout)
         if meta.get("protocol") != p.PROTOCOL_VERSION:
-            raise AgentProtocolError(
-                f"agent in {self._name} speaks protocol {meta.get('protocol')}, not {p.PROTOCOL_VERSION}"
-            )
+            raise AgentProtocolError(f"agent in {self._name} speaks protocol {meta.get('protocol')}, not {p.PROTOCOL_VERSION}")
         self.info = meta
         return meta
 
@@ -127,9 +125,7 @@ class AgentChannel:
 
     async def exec(self, req: ExecRequest, on_chunk: ChunkCallback | None = None) -> ExecResult:
         meta, body = p.exec_request(req, stream=True)
-        result_meta, result_body = await self.request(
-            p.K_EXEC, meta, body, timeout=req.timeout + REPLY_SLACK, on_chunk=on_chunk
-        )
+        result_meta, result_body = await self.request(p.K_EXEC, meta, body, timeout=req.timeout + REPLY_SLACK, on_chunk=on_chunk)
         streamed = result_meta.pop("_streamed", (b"", b""))
         if result_meta.get("error"):
             raise SandboxDied(f"command did not run in {self._name}: {result_meta['error']}", container_id=self._name)
@@ -141,14 +137,10 @@ class AgentChannel:
         return p.write_files_result(result)
 
     async def read_files(self, paths: Sequence[str], max_bytes: int, timeout: float) -> list[FileRead]:
-        result, body = await self.request(
-            p.K_READ_FILES, {"paths": list(paths), "max_bytes": max_bytes}, timeout=timeout
-        )
+        result, body = await self.request(p.K_READ_FILES, {"paths": list(paths), "max_bytes": max_bytes}, timeout=timeout)
         return p.read_files_result(result, body)
 
-    async def list_dir(
-        self, path: str, *, recursive: bool, max_entries: int, timeout: float
-    ) -> tuple[list[FileStat], bool]:
+    async def list_dir(self, path: str, *, recursive: bool, max_entries: int, timeout: float) -> tuple[list[FileStat], bool]:
         result, _ = await self.request(
             p.K_LIST, {"path": path, "recursive": recursive, "max_entries": max_entries}, timeout=timeout
         )
@@ -182,9 +174,7 @@ class AgentChannel:
             self._closed_reason = reason
         for pending in self._pending.values():
             if not pending.future.done():
-                pending.future.set_exception(
-                    SandboxDied(f"sandbox {self._name} went away: {reason}", container_id=self._name)
-                )
+                pending.future.set_exception(SandboxDied(f"sandbox {self._name} went away: {reason}", container_id=self._name))
         self._pending.clear()
 
     async def _read_loop(self) -> None:

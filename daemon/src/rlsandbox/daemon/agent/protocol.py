@@ -115,9 +115,7 @@ def write_files_request(files: Sequence[FileWrite]) -> tuple[dict[str, Any], byt
 
 
 def write_files_result(meta: dict[str, Any]) -> list[FileWriteResult]:
-    return [
-        FileWriteResult(path=r["path"], error=None if r.get("ok") else r.get("error", "failed")) for r in meta["files"]
-    ]
+    return [FileWriteResult(path=r["path"], error=None if r.get("ok") else r.get("error", "failed")) for r in meta["files"]]
 
 
 def read_files_result(meta: dict[str, Any], body: bytes) -> list[FileRead]:

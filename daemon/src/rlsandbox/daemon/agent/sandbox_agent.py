@@ -65,9 +65,7 @@ class UnsupportedVersion(ProtocolError):
     """A well-formed frame of a protocol version this side does not speak."""
 
     def __init__(self, version, request_id):
-        ProtocolError.__init__(
-            self, "protocol version %d is not supported (this side speaks %d)" % (version, PROTOCOL_VERSION)
-        )
+        ProtocolError.__init__(self, "protocol version %d is not supported (this side speaks %d)" % (version, PROTOCOL_VERSION))
         self.version = version
         self.request_id = request_id
 
@@ -407,13 +405,9 @@ class _Shell(object):
         code, sig = (None, os.WTERMSIG(status)) if os.WIFSIGNALED(status) else (os.WEXITSTATUS(status), None)
         if self.current is not None:
             restarted = self.current.timed_out or self.current.cancelled
-            self.complete(
-                code if not restarted else None, sig if not restarted else signal.SIGKILL, {"shell_exited": True}
-            )
+            self.complete(code if not restarted else None, sig if not restarted else signal.SIGKILL, {"shell_exited": True})
         for cmd in self.queue:
-            cmd.finish(
-                None, None, {"shell_exited": True, "error": "shell %r exited before this command ran" % self.name}
-            )
+            cmd.finish(None, None, {"shell_exited": True, "error": "shell %r exited before this command ran" % self.name})
         self.queue = []
 
     def kill_children(self):
@@ -731,9 +725,7 @@ class Agent(object):
             if req.get("cwd") and not os.path.isdir(req["cwd"]):
                 code = 126
             cmd = _Command(self, rid, req, stdin)
-            cmd.on_output(
-                2, ("rlsandbox: cannot run %r: %s\n" % (req.get("argv") or req.get("shell"), e.strerror)).encode()
-            )
+            cmd.on_output(2, ("rlsandbox: cannot run %r: %s\n" % (req.get("argv") or req.get("shell"), e.strerror)).encode())
             self.commands[rid] = cmd
             cmd.finish(code, None, {"spawn_error": e.strerror})
             return
@@ -891,9 +883,7 @@ def _read_files(req):
                 data = f.read(cap)
                 truncated = len(data) == cap and f.read(1) != b""
             chunks.append(data)
-            out.append(
-                {"path": path, "ok": True, "size": max(size, len(data)), "length": len(data), "truncated": truncated}
-            )
+            out.append({"path": path, "ok": True, "size": max(size, len(data)), "length": len(data), "truncated": truncated})
         except OSError as e:
             out.append({"path": path, "ok": False, "error": e.strerror or str(e), "length": 0})
     return {"files": out}, b"".join(chunks)

@@ -236,9 +236,7 @@ class ImageBuilder:
             spec.suite,
             str(target),
         ]
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-        )
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         output, _ = await proc.communicate()
         if proc.returncode != 0:
             tail = output.decode("utf-8", "replace")[-2000:]

@@ -78,9 +78,7 @@ class WarmPool:
         max_waiters: callers allowed to wait at once; more get RESOURCE_EXHAUSTED at once.
     """
 
-    def __init__(
-        self, spec: PoolSpec, factory: SandboxFactory, *, limiter: CreateLimiter, max_waiters: int = 1024
-    ) -> None:
+    def __init__(self, spec: PoolSpec, factory: SandboxFactory, *, limiter: CreateLimiter, max_waiters: int = 1024) -> None:
         self.spec = spec
         self._factory = factory
         self._limiter = limiter
@@ -126,8 +124,7 @@ class WarmPool:
             raise self._unhealthy()
         if len(self._waiters) >= self._max_waiters:
             raise ResourceExhausted(
-                f"pool {self.name}: {len(self._waiters)} callers already waiting for a sandbox; "
-                "retry later or raise max_waiters",
+                f"pool {self.name}: {len(self._waiters)} callers already waiting for a sandbox; retry later or raise max_waiters",
                 pool=self.name,
                 retry_after=self._retry_hint(),
             )

@@ -48,6 +48,9 @@ AGENT_MOUNT = "/.rlsandbox/agent.py"
 DEFAULT_SOCKET = "/var/run/docker.sock"
 # Capabilities a sandbox keeps: enough for package managers and file ownership inside the
 # container, nothing that reaches the host (no NET_RAW, SYS_*, MKNOD, AUDIT_WRITE, SETFCAP).
+# No .pyc files: an agent that edits a module twice within one second (same size) would otherwise
+# run stale bytecode, since pyc invalidation compares whole-second mtimes and sizes.
+SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
 KEPT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
 
 
@@ -146,16 +149,12 @@ class DockerRuntime:
         except aiodocker.DockerError as e:
             message = f"Docker engine refused {what}: {e.message}"
             if e.status == 404 and "image" in e.message.lower():
-                raise ImageNotFound(
-                    f"{message} (build it with `rlsandbox images build`)", status=404, **fields
-                ) from None
+                raise ImageNotFound(f"{message} (build it with `rlsandbox images build`)", status=404, **fields) from None
             if e.status == 404:
                 raise ContainerNotFound(message, status=404, **fields) from None
             raise DockerError(message, status=e.status, **fields) from None
         except (aiohttp.ClientConnectionError, ConnectionError, FileNotFoundError) as e:
-            raise DockerUnavailable(
-                f"cannot reach the Docker engine at {self.socket_path} ({what}): {e}", **fields
-            ) from None
+            raise DockerUnavailable(f"cannot reach the Docker engine at {self.socket_path} ({what}): {e}", **fields) from None
 
     # -- engine ---------------------------------------------------------------------------------
     async def ping(self, timeout: float = 5.0) -> dict[str, Any]:
@@ -191,7 +190,7 @@ class DockerRuntime:
         config: dict[str, Any] = {
             "Image": spec.image,
             "Labels": dict(labels),
-            "Env": [f"{k}={v}" for k, v in spec.env.items()],
+            "Env": [f"{k}={v}" for k, v in {**SANDBOX_ENV, **spec.env}.items()],
             "WorkingDir": spec.workdir,
             "NetworkDisabled": not spec.network,
             "HostConfig": host,
@@ -361,9 +360,7 @@ class DockerRuntime:
         code = info.get("ExitCode")
         return -1 if code is None else int(code)
 
-    async def put_files(
-        self, container_id: str, files: Sequence[tuple[str, bytes, int]], timeout: float | None = None
-    ) -> None:
+    async def put_files(self, container_id: str, files: Sequence[tuple[str, bytes, int]], timeout: float | None = None) -> None:
         """Write files (absolute path, data, mode) with one tar upload; parents are created."""
         buf = io.BytesIO()
         now = time.time()
@@ -397,9 +394,7 @@ class DockerRuntime:
         ):
             pass
 
-    async def get_file(
-        self, container_id: str, path: str, max_bytes: int, timeout: float | None = None
-    ) -> tuple[bytes, int]:
+    async def get_file(self, container_id: str, path: str, max_bytes: int, timeout: float | None = None) -> tuple[bytes, int]:
         """Read one regular file through the archive API: (first ``max_bytes`` bytes, full size)."""
         async with self._call("archive download", timeout, container_id=container_id):
             tar = await self.docker.containers.container(container_id).get_archive(path)

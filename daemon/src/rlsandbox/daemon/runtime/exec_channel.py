@@ -150,9 +150,7 @@ class ExecChannel:
         kind = "dir" if mode & (1 << 31) else "symlink" if mode & (1 << 27) else "file"
         return FileStat(path=shown, exists=True, type=kind, size=int(info.get("size", 0)), mode=mode & 0o7777)
 
-    async def list_dir(
-        self, path: str, *, recursive: bool, max_entries: int, timeout: float
-    ) -> tuple[list[FileStat], bool]:
+    async def list_dir(self, path: str, *, recursive: bool, max_entries: int, timeout: float) -> tuple[list[FileStat], bool]:
         argv = ["find", path, "-mindepth", "1"] + ([] if recursive else ["-maxdepth", "1"])
         result = await self.exec(ExecRequest(argv=tuple(argv), timeout=timeout, stdout_cap=8 << 20))
         if result.exit_code != 0:

@@ -1,0 +1,221 @@
+"""The gRPC servicer: translates between protobuf and the session manager, nothing more.
+
+Errors are mapped in one place (:func:`_translate_errors`): a :class:`SandboxError` becomes its
+status code and message; anything else is a bug, logged with its traceback, and INTERNAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import grpc
+from rlsandbox.daemon import __version__
+from rlsandbox.daemon.api import convert
+from rlsandbox.daemon.config import DaemonConfig
+from rlsandbox.daemon.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, SandboxError
+from rlsandbox.daemon.model import OutputChunk
+from rlsandbox.daemon.sessions import SessionManager, SessionOptions
+from rlsandbox.v1 import sandbox_pb2 as pb
+from rlsandbox.v1 import sandbox_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+MAX_BATCH = 4096
+
+
+def _abort_details(error: SandboxError) -> str:
+    return error.message
+
+
+def _translate_errors(
+    handler: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]],
+) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]:
+    @functools.wraps(handler)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            return await handler(self, request, context)
+        except SandboxError as e:
+            if isinstance(e, ResourceExhausted) and e.retry_after:
+                context.set_trailing_metadata((("retry-after", f"{e.retry_after:.1f}"),))
+            await context.abort(e.code, _abort_details(e))
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception:
+            log.exception("internal error in %s", handler.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {handler.__name__}; see the daemon log")
+        raise AssertionError("unreachable")
+
+    return wrapper
+
+
+def _time_left(context: grpc.aio.ServicerContext) -> float | None:
+    return context.time_remaining()
+
+
+class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
+    def __init__(self, sessions: SessionManager, config: DaemonConfig, *, docker_ok: Callable[[], bool]) -> None:
+        self.sessions = sessions
+        self.config = config
+        self.docker_ok = docker_ok
+        self.started = time.monotonic()
+        self.serving = True
+
+    @_translate_errors
+    async def CreateSession(self, request: pb.CreateSessionRequest, context: grpc.aio.ServicerContext) -> pb.Session:
+        options = convert.session_options(request, self.config)
+        left = _time_left(context)
+        if left is not None:
+            options = _with_acquire_timeout(options, min(options.acquire_timeout, max(0.01, left - 0.05)))
+        session = await self.sessions.create(options)
+        return convert.session(session, self.sessions.node_id)
+
+    @_translate_errors
+    async def GetSession(self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext) -> pb.Session:
+        return convert.session(self.sessions.get(request.session_id), self.sessions.node_id)
+
+    @_translate_errors
+    async def ListSessions(self, request: pb.ListSessionsRequest, context: grpc.aio.ServicerContext) -> pb.ListSessionsResponse:
+        found = self.sessions.list(dict(request.labels), request.pool)
+        return pb.ListSessionsResponse(sessions=[convert.session(s, self.sessions.node_id) for s in found])
+
+    @_translate_errors
+    async def CloseSession(self, request: pb.CloseSessionRequest, context: grpc.aio.ServicerContext) -> pb.CloseSessionResponse:
+        if not request.session_id:
+            raise InvalidArgument("session_id is empty")
+        return pb.CloseSessionResponse(closed=await self.sessions.close(request.session_id))
+
+    @_translate_errors
+    async def Exec(self, request: pb.ExecRequest, context: grpc.aio.ServicerContext) -> pb.ExecResult:
+        req = convert.exec_request(request, self.config, _time_left(context))
+        result, replayed = await self.sessions.exec(request.session_id, req, seq=request.seq)
+        return convert.exec_result(result, replayed)
+
+    async def ExecStream(self, request: pb.ExecRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ExecStreamEvent]:
+        # Unbounded on purpose and still bounded: the agent streams only what fits under the
+        # command's output caps, so a slow client can hold at most stdout_cap + stderr_cap here,
+        # and the agent's reader is never blocked by one slow stream.
+        queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
+        try:
+            req = convert.exec_request(request, self.config, _time_left(context))
+            task = asyncio.create_task(self.sessions.exec(request.session_id, req, seq=request.seq, on_chunk=queue.put_nowait))
+            task.add_done_callback(lambda _t: queue.put_nowait(None))
+            try:
+                while (item := await queue.get()) is not None:
+                    yield _chunk_event(item)
+                result, replayed = await task
+            finally:
+                if not task.done():
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+            if replayed:
+                if result.stdout:
+                    yield pb.ExecStreamEvent(stdout=result.stdout)
+                if result.stderr:
+                    yield pb.ExecStreamEvent(stderr=result.stderr)
+            yield pb.ExecStreamEvent(result=convert.exec_result(result, replayed))
+        except SandboxError as e:
+            await context.abort(e.code, _abort_details(e))
+        except Exception:
+            log.exception("internal error in ExecStream")
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error in ExecStream; see the daemon log")
+
+    @_translate_errors
+    async def ExecBatch(self, request: pb.ExecBatchRequest, context: grpc.aio.ServicerContext) -> pb.ExecBatchResponse:
+        if len(request.requests) > MAX_BATCH:
+            raise InvalidArgument(f"at most {MAX_BATCH} commands per batch (got {len(request.requests)})")
+        left = _time_left(context)
+
+        async def one(item: pb.ExecRequest) -> pb.ExecBatchItem:
+            try:
+                req = convert.exec_request(item, self.config, left)
+                result, replayed = await self.sessions.exec(item.session_id, req, seq=item.seq)
+                return pb.ExecBatchItem(result=convert.exec_result(result, replayed))
+            except SandboxError as e:
+                return pb.ExecBatchItem(error=pb.Error(code=e.code.name, message=e.message))
+
+        items = await asyncio.gather(*(one(r) for r in request.requests))
+        return pb.ExecBatchResponse(items=items)
+
+    @_translate_errors
+    async def WriteFiles(self, request: pb.WriteFilesRequest, context: grpc.aio.ServicerContext) -> pb.WriteFilesResponse:
+        session = self.sessions.get(request.session_id)
+        files = convert.file_writes(request, session.workdir)
+        sandbox = session.require_ready()
+        session.touch()
+        results = await sandbox.write_files(files, timeout=_budget(context, 120.0))
+        failed = [r for r in results if r.error]
+        if failed:
+            raise FailedPrecondition(
+                "could not write " + "; ".join(f"{r.path}: {r.error}" for r in failed[:10]), session_id=session.id
+            )
+        return pb.WriteFilesResponse()
+
+    @_translate_errors
+    async def ReadFiles(self, request: pb.ReadFilesRequest, context: grpc.aio.ServicerContext) -> pb.ReadFilesResponse:
+        session = self.sessions.get(request.session_id)
+        paths, max_bytes = convert.read_paths(request, self.config, session.workdir)
+        sandbox = session.require_ready()
+        session.touch()
+        reads = await sandbox.read_files(paths, max_bytes=max_bytes, timeout=_budget(context, 120.0))
+        return pb.ReadFilesResponse(
+            files=[
+                pb.FileData(path=asked, data=r.data, size=r.size, truncated=r.truncated, error=r.error or "")
+                for asked, r in zip(request.paths, reads, strict=True)
+            ]
+        )
+
+    @_translate_errors
+    async def GetNodeStatus(self, request: pb.GetNodeStatusRequest, context: grpc.aio.ServicerContext) -> pb.NodeStatus:
+        pools = []
+        for pool in self.sessions.pools.values():
+            st = pool.stats()
+            pools.append(
+                pb.PoolStatus(
+                    name=st.name,
+                    image=pool.spec.container.image,
+                    ready=st.ready,
+                    in_use=st.in_use,
+                    creating=st.creating,
+                    waiting=st.waiting,
+                    min_ready=st.min_ready,
+                    max_total=st.max_total,
+                    created_total=st.created_total,
+                    failed_total=st.failed_total,
+                    consecutive_failures=st.consecutive_failures,
+                    last_error=st.last_error or "",
+                    oci_runtime=pool.spec.container.runtime,
+                )
+            )
+        return pb.NodeStatus(
+            node_id=self.sessions.node_id,
+            version=__version__,
+            pools=pools,
+            sessions=len(self.sessions.sessions),
+            max_sessions=self.sessions.max_sessions,
+            docker_reachable=self.docker_ok(),
+            serving=self.serving,
+            load1=os.getloadavg()[0],
+            uptime=time.monotonic() - self.started,
+            execs_total=self.sessions.execs_total,
+        )
+
+
+def _chunk_event(chunk: OutputChunk) -> pb.ExecStreamEvent:
+    return pb.ExecStreamEvent(stdout=chunk.data) if chunk.stream == 1 else pb.ExecStreamEvent(stderr=chunk.data)
+
+
+def _budget(context: grpc.aio.ServicerContext, default: float) -> float:
+    left = context.time_remaining()
+    return default if left is None else max(0.05, min(default, left - 0.05))
+
+
+def _with_acquire_timeout(options: SessionOptions, timeout: float) -> SessionOptions:
+    return replace(options, acquire_timeout=timeout)

@@ -1,0 +1,135 @@
+"""Daemon configuration: TOML file, then environment (RLSANDBOX_*), then command-line flags.
+
+Every option is documented in deploy/rlsandbox.example.toml; the defaults embedded here make
+`rlsandbox daemon` and `rlsandbox up` work with no file at all.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from rlsandbox.daemon.errors import InvalidArgument
+from rlsandbox.daemon.model import AgentMode, ContainerSpec, Limits
+from rlsandbox.daemon.pool import PoolSpec
+
+MiB = 1 << 20
+
+
+class PoolConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+    image: str
+    min_ready: int = Field(2, ge=0, le=10_000)
+    max_total: int = Field(64, ge=1, le=100_000)
+    runtime: Literal["runc", "runsc"] = "runc"
+    agent: Literal["auto", "agent", "exec"] = "auto"
+    memory_mb: int = Field(1024, ge=16)
+    cpus: float = Field(1.0, gt=0)
+    pids: int = Field(1024, ge=16)
+    nofile: int = Field(4096, ge=64)
+    network: bool = False
+    read_only_root: bool = False
+    workdir: str = "/workspace"
+    env: dict[str, str] = Field(default_factory=dict)
+    setup: list[str] = Field(default_factory=list)
+    setup_timeout: float = Field(120.0, gt=0)
+
+    def spec(self) -> PoolSpec:
+        return PoolSpec(
+            name=self.name,
+            container=ContainerSpec(
+                image=self.image,
+                limits=Limits(memory_bytes=self.memory_mb * MiB, cpus=self.cpus, pids=self.pids, nofile=self.nofile),
+                runtime=self.runtime,
+                network=self.network,
+                env=dict(self.env),
+                workdir=self.workdir,
+                agent=AgentMode(self.agent),
+                read_only_root=self.read_only_root,
+            ),
+            min_ready=self.min_ready,
+            max_total=self.max_total,
+            setup=tuple(self.setup),
+            setup_timeout=self.setup_timeout,
+        )
+
+
+def _default_pools() -> list[PoolConfig]:
+    return [
+        PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=4, max_total=256),
+        PoolConfig(
+            name="busybox",
+            image="rlsandbox/busybox:latest",
+            min_ready=2,
+            max_total=2000,
+            memory_mb=64,
+            cpus=0.5,
+            pids=128,
+        ),
+    ]
+
+
+class DaemonConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    node_id: str = Field(default_factory=lambda: socket.gethostname().split(".")[0] or "node")
+    listen_tcp: str | None = "127.0.0.1:7420"
+    listen_unix: str | None = None
+    docker_socket: str = "/var/run/docker.sock"
+    max_sessions: int = Field(2000, ge=1)
+    max_waiters_per_pool: int = Field(1024, ge=1)
+    create_concurrency: int = Field(4, ge=1, le=64)
+    default_idle_timeout: float = Field(600.0, gt=0)
+    max_idle_timeout: float = Field(24 * 3600.0, gt=0)
+    default_max_lifetime: float = Field(6 * 3600.0, gt=0)
+    max_lifetime_limit: float = Field(48 * 3600.0, gt=0)
+    default_acquire_timeout: float = Field(30.0, gt=0)
+    default_exec_timeout: float = Field(300.0, gt=0)
+    max_exec_timeout: float = Field(3600.0, gt=0)
+    default_output_cap: int = Field(1 * MiB, ge=0)
+    max_output_cap: int = Field(64 * MiB, ge=0)
+    max_message_bytes: int = Field(128 * MiB, ge=MiB)
+    max_read_bytes: int = Field(64 * MiB, ge=1)
+    shutdown_grace: float = Field(30.0, ge=0)
+    reconcile_interval: float = Field(60.0, gt=0)
+    reap_interval: float = Field(1.0, gt=0)
+    log_level: str = "INFO"
+    pools: list[PoolConfig] = Field(default_factory=_default_pools)
+
+    @field_validator("pools")
+    @classmethod
+    def _unique_pools(cls, pools: list[PoolConfig]) -> list[PoolConfig]:
+        names = [p.name for p in pools]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ValueError(f"pool names must be unique; repeated: {', '.join(sorted(dupes))}")
+        return pools
+
+
+ENV_PREFIX = "RLSANDBOX_"
+
+
+def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> DaemonConfig:
+    """Defaults, then the TOML file, then RLSANDBOX_<OPTION> variables, then ``overrides``."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise InvalidArgument(f"cannot read config {path}: {e}") from None
+    scalar_fields = {name for name in DaemonConfig.model_fields if name != "pools"}
+    for key, value in os.environ.items():
+        if key.startswith(ENV_PREFIX) and key[len(ENV_PREFIX) :].lower() in scalar_fields:
+            data[key[len(ENV_PREFIX) :].lower()] = value
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        return DaemonConfig.model_validate(data)
+    except ValidationError as e:
+        raise InvalidArgument(f"invalid configuration{f' in {path}' if path else ''}:\n{e}") from None

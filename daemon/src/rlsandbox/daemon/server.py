@@ -1,0 +1,233 @@
+"""The node daemon: wires runtime, pools, sessions and the gRPC server, and owns their lifecycle.
+
+Shutdown is explicit, ordered, idempotent and bounded: health goes NOT_SERVING and new sessions
+are refused, in-flight calls get ``shutdown_grace`` seconds, then sessions close, pools destroy
+their sandboxes, and every background task is awaited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import socket
+import time
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from rlsandbox.daemon.api.servicer import SandboxServicer
+from rlsandbox.daemon.config import DaemonConfig
+from rlsandbox.daemon.errors import SandboxError, Unavailable
+from rlsandbox.daemon.pool import CreateLimiter, Reconciler, SandboxFactory, WarmPool
+from rlsandbox.daemon.runtime.docker import DockerRuntime
+from rlsandbox.daemon.sessions import SessionManager
+from rlsandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = sandbox_pb2.DESCRIPTOR.services_by_name["SandboxService"].full_name
+HEALTH_INTERVAL = 2.0
+
+
+class NodeDaemon:
+    """One node's daemon. ``await start()``, then ``await stop()`` (from anywhere, any number of times)."""
+
+    def __init__(self, config: DaemonConfig) -> None:
+        self.config = config
+        self.instance = secrets.token_hex(4)
+        self.runtime = DockerRuntime(owner=config.node_id, instance=self.instance, socket_path=config.docker_socket)
+        self.factory = SandboxFactory(self.runtime)
+        self.limiter = CreateLimiter(config.create_concurrency)
+        self.pools = {
+            p.name: WarmPool(p.spec(), self.factory, limiter=self.limiter, max_waiters=config.max_waiters_per_pool)
+            for p in config.pools
+        }
+        self.sessions = SessionManager(
+            config.node_id, self.pools, max_sessions=config.max_sessions, reap_interval=config.reap_interval
+        )
+        self.reconciler = Reconciler(self.factory, interval=config.reconcile_interval)
+        self.health = HealthServicer()
+        self.docker_ok = False
+        self.servicer = SandboxServicer(self.sessions, config, docker_ok=lambda: self.docker_ok)
+        self.server: grpc.aio.Server | None = None
+        self.tcp_port: int | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+
+    @property
+    def address(self) -> str:
+        """A target for clients: the TCP address if listening on TCP, else the unix socket."""
+        if self.tcp_port is not None and self.config.listen_tcp:
+            host = self.config.listen_tcp.rsplit(":", 1)[0] or "127.0.0.1"
+            return f"{host}:{self.tcp_port}"
+        return f"unix:{self.config.listen_unix}"
+
+    async def start(self) -> None:
+        await self.runtime.start()
+        try:
+            await self.runtime.ping()
+        except SandboxError as e:
+            await self.runtime.close()
+            raise Unavailable(f"{e.message}; is dockerd running? (scripts/bootstrap.sh starts it)") from None
+        self.docker_ok = True
+        removed = await self.reconciler.sweep(grace=0)
+        if removed:
+            log.warning("start-up: removed %d containers left by an earlier run of node %s", len(removed), self.config.node_id)
+        options = [
+            ("grpc.max_receive_message_length", self.config.max_message_bytes),
+            ("grpc.max_send_message_length", self.config.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        server = grpc.aio.server(options=options)
+        sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(self.servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+        )
+        if self.config.listen_tcp:
+            self.tcp_port = server.add_insecure_port(self.config.listen_tcp)
+            if not self.tcp_port:
+                raise Unavailable(f"cannot listen on {self.config.listen_tcp}")
+        if self.config.listen_unix:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.config.listen_unix)
+            server.add_insecure_port(f"unix:{self.config.listen_unix}")
+        await server.start()
+        self.server = server
+        loop = asyncio.get_running_loop()
+        for pool in self.pools.values():
+            self._tasks.append(loop.create_task(pool.run(), name=f"pool-{pool.name}"))
+        self._tasks.append(loop.create_task(self.sessions.run_reaper(), name="session-reaper"))
+        self._tasks.append(loop.create_task(self.reconciler.run(), name="reconciler"))
+        self._tasks.append(loop.create_task(self._watch_health(), name="health"))
+        await self._set_health(True)
+        log.info("node %s serving on %s (%d pools)", self.config.node_id, self.address, len(self.pools))
+
+    async def _set_health(self, ok: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
+    async def _watch_health(self) -> None:
+        """Health follows Docker reachability: a node that cannot make sandboxes is NOT_SERVING."""
+        while self._stopping is None:
+            try:
+                await self.runtime.ping(timeout=HEALTH_INTERVAL)
+                ok = True
+            except SandboxError:
+                ok = False
+            if ok != self.docker_ok:
+                log.warning("Docker engine %s", "reachable again" if ok else "unreachable: health NOT_SERVING")
+                self.docker_ok = ok
+            if self._stopping is None:
+                await self._set_health(ok)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(HEALTH_INTERVAL):
+                    await self._stopped.wait()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Graceful, ordered, idempotent shutdown; concurrent callers wait for the same one."""
+        if self._stopping is None:
+            self._stopping = asyncio.get_running_loop().create_task(self._stop(grace))
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self, grace: float | None) -> None:
+        grace = self.config.shutdown_grace if grace is None else grace
+        log.info("node %s stopping (grace %.0f s)", self.config.node_id, grace)
+        self.servicer.serving = False
+        self.sessions.stop_accepting()
+        await self.health.enter_graceful_shutdown()
+        if self.server is not None:
+            await self.server.stop(grace)  # in-flight calls finish within the grace, then are cancelled
+        await self.sessions.close_all("node shutting down")
+        await asyncio.gather(*(pool.close(timeout=max(5.0, grace)) for pool in self.pools.values()))
+        self.reconciler.stop()
+        self._stopped.set()
+        for task in self._tasks:
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(SandboxError):
+            await self.reconciler.sweep(grace=0)  # anything a cancelled create left behind
+        await self.runtime.close()
+        if self.config.listen_unix:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.config.listen_unix)
+        log.info("node %s stopped", self.config.node_id)
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+        if self._stopping is not None:
+            await asyncio.shield(self._stopping)
+
+
+def sd_notify(message: str) -> None:
+    """Tell systemd (Type=notify) about READY/STOPPING/WATCHDOG; a no-op outside systemd."""
+    path = os.environ.get("NOTIFY_SOCKET")
+    if not path:
+        return
+    if path.startswith("@"):
+        path = "\0" + path[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock, contextlib.suppress(OSError):
+        sock.sendto(message.encode(), path)
+
+
+async def run_until_signalled(daemon: NodeDaemon, *, on_ready: Any = None) -> None:
+    """Serve until SIGTERM/SIGINT; a second signal cuts the grace period to zero."""
+    loop = asyncio.get_running_loop()
+    signals = 0
+    stop_task: list[asyncio.Task[None]] = []
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            log.info("%s: shutting down gracefully (again to force)", signal.Signals(signum).name)
+            sd_notify("STOPPING=1")
+            stop_task.append(loop.create_task(daemon.stop()))
+        else:
+            log.warning("%s again: forcing shutdown", signal.Signals(signum).name)
+            stop_task.append(loop.create_task(_force(daemon)))
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    await daemon.start()
+    sd_notify("READY=1")
+    watchdog = _watchdog_interval()
+    try:
+        if on_ready is not None:
+            await on_ready(daemon)
+        while not daemon._stopped.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(watchdog or 3600):
+                    await daemon._stopped.wait()
+            if watchdog:
+                sd_notify("WATCHDOG=1")
+        await asyncio.gather(*stop_task, return_exceptions=True)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        await daemon.stop()
+
+
+async def _force(daemon: NodeDaemon) -> None:
+    if daemon.server is not None:
+        await daemon.server.stop(0)
+    await daemon.stop(0)
+
+
+def _watchdog_interval() -> float | None:
+    usec = os.environ.get("WATCHDOG_USEC")
+    if not usec:
+        return None
+    return max(1.0, int(usec) / 2e6)
+
+
+__all__ = ["NodeDaemon", "run_until_signalled", "sd_notify", "time"]

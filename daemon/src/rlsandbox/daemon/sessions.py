@@ -1,0 +1,319 @@
+"""Episode sessions: a sandbox leased from a pool, multi-turn state, and its lifecycle.
+
+A session is a small state machine (CREATING -> READY -> CLOSING -> CLOSED, or FAILED); an
+illegal transition is a typed error. Idle and lifetime reaping run in one loop; an ended session
+leaves a tombstone so that later calls learn when and why it ended instead of a bare NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import enum
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from rlsandbox.daemon.agent.channel import ChunkCallback
+from rlsandbox.daemon.errors import (
+    FailedPrecondition,
+    IllegalTransition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    SandboxDied,
+    Unavailable,
+)
+from rlsandbox.daemon.model import ExecRequest, ExecResult
+from rlsandbox.daemon.pool import WarmPool
+from rlsandbox.daemon.sandbox import Sandbox
+
+log = logging.getLogger(__name__)
+
+TOMBSTONES = 100_000
+STEP_CACHE = 256  # per session: retried steps older than this many steps are not deduplicated
+
+
+class SessionState(enum.Enum):
+    CREATING = 1
+    READY = 2
+    CLOSING = 3
+    CLOSED = 4
+    FAILED = 5
+
+
+_ALLOWED = {
+    SessionState.CREATING: {SessionState.READY, SessionState.FAILED, SessionState.CLOSING},
+    SessionState.READY: {SessionState.CLOSING, SessionState.FAILED},
+    SessionState.CLOSING: {SessionState.CLOSED, SessionState.FAILED},
+    SessionState.CLOSED: set(),
+    SessionState.FAILED: set(),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SessionOptions:
+    pool: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: str = ""
+    idle_timeout: float = 600.0
+    max_lifetime: float = 6 * 3600.0
+    labels: Mapping[str, str] = field(default_factory=dict)
+    idempotency_key: str = ""
+    acquire_timeout: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Tombstone:
+    session_id: str
+    ended_at: float
+    reason: str
+
+
+class Session:
+    def __init__(self, session_id: str, options: SessionOptions, pool: WarmPool) -> None:
+        self.id = session_id
+        self.options = options
+        self.pool = pool
+        self.state = SessionState.CREATING
+        self.sandbox: Sandbox | None = None
+        self.created_at = time.time()
+        self.last_used = time.monotonic()
+        self.last_used_wall = self.created_at
+        self.started = time.monotonic()
+        self.steps = 0
+        self.end_reason = ""
+        self.in_flight = 0
+        self._step_results: collections.OrderedDict[int, asyncio.Future[ExecResult]] = collections.OrderedDict()
+
+    def transition(self, new: SessionState) -> None:
+        if new not in _ALLOWED[self.state]:
+            raise IllegalTransition(f"session {self.id} cannot go from {self.state.name} to {new.name}", session_id=self.id)
+        self.state = new
+
+    def touch(self) -> None:
+        self.last_used = time.monotonic()
+        self.last_used_wall = time.time()
+
+    @property
+    def workdir(self) -> str:
+        return self.options.workdir or self.pool.spec.container.workdir
+
+    def require_ready(self) -> Sandbox:
+        if self.state is not SessionState.READY or self.sandbox is None:
+            raise FailedPrecondition(f"session {self.id} is {self.state.name.lower()}", session_id=self.id)
+        if not self.sandbox.alive:
+            raise SandboxDied(
+                f"the sandbox of session {self.id} died ({self.sandbox.channel.closed_reason}); start a new session",
+                session_id=self.id,
+            )
+        return self.sandbox
+
+
+class SessionManager:
+    """Owns every live session of the node.
+
+    Args:
+        node_id: this node's id (part of every session id, so ids are unique across nodes).
+        pools: the node's pools by name.
+        max_sessions: admission limit; CreateSession beyond it is RESOURCE_EXHAUSTED.
+        reap_interval: seconds between idle/lifetime checks.
+    """
+
+    def __init__(self, node_id: str, pools: Mapping[str, WarmPool], *, max_sessions: int, reap_interval: float = 1.0) -> None:
+        self.node_id = node_id
+        self.pools = pools
+        self.max_sessions = max_sessions
+        self.reap_interval = reap_interval
+        self.sessions: dict[str, Session] = {}
+        self._tombstones: collections.OrderedDict[str, Tombstone] = collections.OrderedDict()
+        self._by_key: dict[str, str] = {}
+        self._accepting = True
+        self._stop = asyncio.Event()
+        self.execs_total = 0
+        self.reaped_total = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def create(self, options: SessionOptions) -> Session:
+        if not self._accepting:
+            raise Unavailable("node is shutting down; create the session on another node")
+        pool = self.pools.get(options.pool)
+        if pool is None:
+            raise NotFound(
+                f"unknown pool {options.pool!r}; this node has: {', '.join(sorted(self.pools)) or 'no pools'}",
+                pool=options.pool,
+            )
+        if options.idempotency_key:
+            known = self._by_key.get(options.idempotency_key)
+            if known is not None:
+                existing = self.sessions.get(known)
+                if existing is not None:
+                    return existing
+                tomb = self._tombstones.get(known)
+                raise FailedPrecondition(
+                    f"idempotency key {options.idempotency_key!r} belongs to session {known}, which ended"
+                    + (f": {tomb.reason}" if tomb else ""),
+                    session_id=known,
+                )
+        if len(self.sessions) >= self.max_sessions:
+            raise ResourceExhausted(
+                f"node {self.node_id} holds its maximum of {self.max_sessions} sessions; retry later or elsewhere",
+                retry_after=1.0,
+            )
+        session = Session(f"{self.node_id}-{secrets.token_hex(8)}", options, pool)
+        self.sessions[session.id] = session
+        if options.idempotency_key:
+            self._by_key[options.idempotency_key] = session.id
+        try:
+            session.sandbox = await pool.acquire(options.acquire_timeout)
+        except BaseException as e:
+            self.sessions.pop(session.id, None)
+            self._by_key.pop(options.idempotency_key, None)
+            session.transition(SessionState.FAILED)
+            self._bury(session, f"failed to start: {e}")
+            raise
+        session.transition(SessionState.READY)
+        session.touch()
+        log.info("session %s ready on %s (pool %s)", session.id, session.sandbox.name, pool.name)
+        return session
+
+    def get(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return session
+        tomb = self._tombstones.get(session_id)
+        if tomb is not None:
+            ago = time.time() - tomb.ended_at
+            raise NotFound(f"session {session_id} not found (ended {ago:.0f} s ago: {tomb.reason})", session_id=session_id)
+        if not session_id:
+            raise InvalidArgument("session_id is empty")
+        raise NotFound(f"session {session_id} not found on node {self.node_id}", session_id=session_id)
+
+    async def close(self, session_id: str, reason: str = "closed by client") -> bool:
+        """End a session and destroy its sandbox. False when it had already ended."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            if session_id in self._tombstones:
+                return False
+            self.get(session_id)  # raises the precise NOT_FOUND
+            return False
+        if session.state in (SessionState.CLOSING, SessionState.CLOSED, SessionState.FAILED):
+            return False
+        session.transition(SessionState.CLOSING)
+        try:
+            if session.sandbox is not None:
+                await session.pool.release(session.sandbox, reason)
+        finally:
+            session.transition(SessionState.CLOSED)
+            self.sessions.pop(session.id, None)
+            self._bury(session, reason)
+        log.info("session %s closed: %s", session.id, reason)
+        return True
+
+    def _bury(self, session: Session, reason: str) -> None:
+        session.end_reason = reason
+        self._tombstones[session.id] = Tombstone(session.id, time.time(), reason)
+        while len(self._tombstones) > TOMBSTONES:
+            old_id, _ = self._tombstones.popitem(last=False)
+            for key, sid in list(self._by_key.items()):
+                if sid == old_id:
+                    del self._by_key[key]
+
+    # -- steps ----------------------------------------------------------------------------------
+    async def exec(
+        self, session_id: str, req: ExecRequest, *, seq: int = 0, on_chunk: ChunkCallback | None = None
+    ) -> tuple[ExecResult, bool]:
+        """Run one step; returns (result, replayed). A repeated ``seq`` returns the first result."""
+        session = self.get(session_id)
+        sandbox = session.require_ready()
+        session.touch()
+        if seq:
+            earlier = session._step_results.get(seq)
+            if earlier is not None:
+                return await asyncio.shield(earlier), True
+            future: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
+            session._step_results[seq] = future
+            while len(session._step_results) > STEP_CACHE:
+                session._step_results.popitem(last=False)
+        if session.options.env:
+            req = replace(req, env={**session.options.env, **req.env})
+        if not req.cwd and not req.shell_session:  # a persistent shell keeps its own cwd
+            req = replace(req, cwd=session.workdir)
+        session.in_flight += 1
+        try:
+            result = await self._run_step(session, sandbox, req, on_chunk)
+        except BaseException as e:
+            if seq:
+                # A failed step may be retried for real: forget it (and wake any concurrent twin).
+                failed = session._step_results.pop(seq, None)
+                if failed is not None and not failed.done():
+                    if isinstance(e, Exception):
+                        failed.set_exception(e)
+                        failed.exception()  # retrieved: a twin may never await it
+                    else:
+                        failed.cancel()
+            raise
+        finally:
+            session.in_flight -= 1
+            session.touch()
+        session.steps += 1
+        self.execs_total += 1
+        if seq:
+            future.set_result(result)
+        return result, False
+
+    async def _run_step(self, session: Session, sandbox: Sandbox, req: ExecRequest, on_chunk: ChunkCallback | None) -> ExecResult:
+        try:
+            return await sandbox.exec(req, on_chunk)
+        except SandboxDied as e:
+            await self._fail(session, f"sandbox died: {e.message}")
+            raise SandboxDied(
+                f"the sandbox of session {session.id} died: {e.message}; start a new session", session_id=session.id
+            ) from None
+
+    async def _fail(self, session: Session, reason: str) -> None:
+        if session.state is not SessionState.READY:
+            return
+        session.transition(SessionState.FAILED)
+        self.sessions.pop(session.id, None)
+        self._bury(session, reason)
+        if session.sandbox is not None:
+            await session.pool.release(session.sandbox, reason)
+
+    # -- reaping and shutdown -----------------------------------------------------------------------
+    async def run_reaper(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.reap_interval):
+                    await self._stop.wait()
+            now = time.monotonic()
+            for session in list(self.sessions.values()):
+                if session.state is not SessionState.READY:
+                    continue
+                if session.sandbox is not None and not session.sandbox.alive:
+                    await self._fail(session, f"sandbox died ({session.sandbox.channel.closed_reason})")
+                    continue
+                idle = now - session.last_used
+                if session.in_flight == 0 and idle > session.options.idle_timeout:
+                    self.reaped_total += 1
+                    await self.close(session.id, f"closed by idle timeout after {session.options.idle_timeout:g} s")
+                elif now - session.started > session.options.max_lifetime:
+                    self.reaped_total += 1
+                    await self.close(session.id, f"closed at its maximum lifetime of {session.options.max_lifetime:g} s")
+
+    def stop_accepting(self) -> None:
+        self._accepting = False
+
+    async def close_all(self, reason: str) -> None:
+        self._stop.set()
+        await asyncio.gather(*(self.close(sid, reason) for sid in list(self.sessions)), return_exceptions=True)
+
+    def list(self, labels: Mapping[str, str], pool: str = "") -> list[Session]:
+        return [
+            s
+            for s in self.sessions.values()
+            if (not pool or s.pool.name == pool) and all(s.options.labels.get(k) == v for k, v in labels.items())
+        ]

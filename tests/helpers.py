@@ -1,0 +1,35 @@
+"""Constants and builders shared by the tests (importable from any test module)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+from rlsandbox.daemon.config import DaemonConfig, PoolConfig
+
+TEST_OWNER = f"test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+BUSYBOX = "rlsandbox/busybox:latest"
+PYTHON = "rlsandbox/python-task:latest"
+
+
+def daemon_config(**overrides: object) -> DaemonConfig:
+    base: dict[str, object] = {
+        "node_id": TEST_OWNER,
+        "listen_tcp": "127.0.0.1:0",
+        "shutdown_grace": 5.0,
+        "reconcile_interval": 3600,
+        "pools": [
+            PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=64),
+            PoolConfig(
+                name="busybox",
+                image="rlsandbox/busybox:latest",
+                min_ready=4,
+                max_total=600,
+                memory_mb=64,
+                cpus=0.5,
+                pids=64,
+            ),
+        ],
+    }
+    base.update(overrides)
+    return DaemonConfig.model_validate(base)
