@@ -60,6 +60,15 @@ def exec_request(
     return msg
 
 
+def write_files_request(session_id: str, files: Mapping[str, Union[bytes, str, tuple[bytes, int]]]) -> pb.WriteFilesRequest:
+    """Build a WriteFilesRequest from ``{path: data}`` or ``{path: (data, mode)}`` (str is UTF-8)."""
+    request = pb.WriteFilesRequest(session_id=session_id)
+    for path, value in files.items():
+        data, mode = value if isinstance(value, tuple) else (value, 0)
+        request.files.add(path=path, data=data.encode() if isinstance(data, str) else data, mode=mode)
+    return request
+
+
 class AsyncClient:
     """Asynchronous client of one rlsandbox node daemon.
 
@@ -182,10 +191,7 @@ class AsyncClient:
 
     async def write_files(self, session_id: str, files: Mapping[str, bytes | str | tuple[bytes, int]]) -> None:
         """Write files: ``{path: data}`` or ``{path: (data, mode)}``; parents are created."""
-        request = pb.WriteFilesRequest(session_id=session_id)
-        for path, value in files.items():
-            data, mode = value if isinstance(value, tuple) else (value, 0)
-            request.files.add(path=path, data=data.encode() if isinstance(data, str) else data, mode=mode)
+        request = write_files_request(session_id, files)
         await self._call(self._stub.WriteFiles, request, timeout=self.timeout, retry=True)
 
     async def read_files(self, session_id: str, paths: Sequence[str], *, max_bytes: int = 0) -> dict[str, FileData]:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import grpc
-from rlsandbox.client._client import MAX_MESSAGE, RETRY_ATTEMPTS, Command, exec_request
+from rlsandbox.client._client import MAX_MESSAGE, RETRY_ATTEMPTS, Command, exec_request, write_files_request
 from rlsandbox.client._errors import UnavailableError, from_rpc_error
 from rlsandbox.client._types import ExecResult, FileData, SessionInfo
 from rlsandbox.v1 import sandbox_pb2 as pb
@@ -78,10 +78,7 @@ class Client:
         return ExecResult.from_pb(result)
 
     def write_files(self, session_id: str, files: Mapping[str, bytes | str | tuple[bytes, int]]) -> None:
-        request = pb.WriteFilesRequest(session_id=session_id)
-        for path, value in files.items():
-            data, mode = value if isinstance(value, tuple) else (value, 0)
-            request.files.add(path=path, data=data.encode() if isinstance(data, str) else data, mode=mode)
+        request = write_files_request(session_id, files)
         self._call(self._stub.WriteFiles, request, timeout=self.timeout, retry=True)
 
     def read_files(self, session_id: str, paths: Sequence[str], *, max_bytes: int = 0) -> dict[str, FileData]:
