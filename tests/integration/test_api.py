@@ -200,3 +200,13 @@ async def test_idle_reaping_and_graceful_shutdown_leave_nothing(docker_runtime: 
     left = await runtime.list_containers({LABEL_OWNER: node.config.node_id})
     await runtime.close()
     assert left == []
+
+
+async def test_idempotency_key_returns_the_same_session(client: AsyncClient) -> None:
+    twins = await asyncio.gather(*(client.create_session("busybox", idempotency_key="episode-42") for _ in range(3)))
+    assert len({t.id for t in twins}) == 1 and twins[0].info.state == "ready"
+    again = await client.create_session("busybox", idempotency_key="episode-42")
+    assert again.id == twins[0].id
+    await again.close()
+    with pytest.raises(FailedPreconditionError, match="which ended: closed by client"):
+        await client.create_session("busybox", idempotency_key="episode-42")

@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from rlsandbox.daemon.errors import SandboxError
@@ -52,22 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     build = images_sub.add_parser("build", help="build every image (or the named ones), skipping up-to-date ones")
     build.add_argument("names", nargs="*", help="images to build (default: all of images.toml)")
     build.add_argument("--force", action="store_true", help="rebuild even when the inputs did not change")
-    build.add_argument("--images-dir", type=_path, default=None, help="folder with images.toml")
+    build.add_argument("--images-dir", type=Path, default=None, help="folder with images.toml")
     build.set_defaults(handler=_images_build)
     lst = images_sub.add_parser("list", help="show the images and whether they are built")
-    lst.add_argument("--images-dir", type=_path, default=None)
+    lst.add_argument("--images-dir", type=Path, default=None)
     lst.set_defaults(handler=_images_list)
 
     from rlsandbox.daemon import cli_serve
 
     cli_serve.add_commands(sub)
     return parser
-
-
-def _path(value: str) -> Any:
-    from pathlib import Path
-
-    return Path(value)
 
 
 def main(argv: list[str] | None = None) -> int:

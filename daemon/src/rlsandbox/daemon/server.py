@@ -14,7 +14,6 @@ import os
 import secrets
 import signal
 import socket
-import time
 from typing import Any
 
 import grpc
@@ -230,4 +229,4 @@ def _watchdog_interval() -> float | None:
     return max(1.0, int(usec) / 2e6)
 
 
-__all__ = ["NodeDaemon", "run_until_signalled", "sd_notify", "time"]
+__all__ = ["NodeDaemon", "run_until_signalled", "sd_notify"]

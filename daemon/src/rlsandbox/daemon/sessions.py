@@ -71,6 +71,7 @@ class Tombstone:
     session_id: str
     ended_at: float
     reason: str
+    idempotency_key: str = ""
 
 
 class Session:
@@ -81,13 +82,13 @@ class Session:
         self.state = SessionState.CREATING
         self.sandbox: Sandbox | None = None
         self.created_at = time.time()
-        self.last_used = time.monotonic()
-        self.last_used_wall = self.created_at
-        self.started = time.monotonic()
+        self.started = self.last_used = time.monotonic()
         self.steps = 0
         self.end_reason = ""
         self.in_flight = 0
         self._step_results: collections.OrderedDict[int, asyncio.Future[ExecResult]] = collections.OrderedDict()
+        # Resolved when CREATING ends either way, for idempotent retries that arrive meanwhile.
+        self.settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def transition(self, new: SessionState) -> None:
         if new not in _ALLOWED[self.state]:
@@ -96,7 +97,11 @@ class Session:
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
-        self.last_used_wall = time.time()
+
+    @property
+    def last_used_at(self) -> float:
+        """Wall-clock time of the last call (derived from the monotonic clock)."""
+        return time.time() - (time.monotonic() - self.last_used)
 
     @property
     def workdir(self) -> str:
@@ -151,6 +156,8 @@ class SessionManager:
             if known is not None:
                 existing = self.sessions.get(known)
                 if existing is not None:
+                    # A retry while the first attempt still waits for a sandbox gets its outcome.
+                    await asyncio.shield(existing.settled)
                     return existing
                 tomb = self._tombstones.get(known)
                 raise FailedPrecondition(
@@ -174,9 +181,12 @@ class SessionManager:
             self._by_key.pop(options.idempotency_key, None)
             session.transition(SessionState.FAILED)
             self._bury(session, f"failed to start: {e}")
+            session.settled.set_exception(e if isinstance(e, Exception) else Unavailable("session creation cancelled"))
+            session.settled.exception()  # retrieved: there may be no retry waiting on it
             raise
         session.transition(SessionState.READY)
         session.touch()
+        session.settled.set_result(None)
         log.info("session %s ready on %s (pool %s)", session.id, session.sandbox.name, pool.name)
         return session
 
@@ -215,12 +225,12 @@ class SessionManager:
 
     def _bury(self, session: Session, reason: str) -> None:
         session.end_reason = reason
-        self._tombstones[session.id] = Tombstone(session.id, time.time(), reason)
+        key = session.options.idempotency_key
+        self._tombstones[session.id] = Tombstone(session.id, time.time(), reason, key)
         while len(self._tombstones) > TOMBSTONES:
-            old_id, _ = self._tombstones.popitem(last=False)
-            for key, sid in list(self._by_key.items()):
-                if sid == old_id:
-                    del self._by_key[key]
+            _, old = self._tombstones.popitem(last=False)
+            if old.idempotency_key and self._by_key.get(old.idempotency_key) == old.session_id:
+                del self._by_key[old.idempotency_key]
 
     # -- steps ----------------------------------------------------------------------------------
     async def exec(

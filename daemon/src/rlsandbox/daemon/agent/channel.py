@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from rlsandbox.daemon.agent import protocol as p
-from rlsandbox.daemon.errors import AgentProtocolError, DeadlineExceeded, InvalidArgument, SandboxDied
+from rlsandbox.daemon.errors import AgentProtocolError, DeadlineExceeded, FailedPrecondition, InvalidArgument, SandboxDied
 from rlsandbox.daemon.model import ExecRequest, ExecResult, FileRead, FileStat, FileWrite, FileWriteResult, OutputChunk
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class AgentChannel:
             raise SandboxDied(f"sandbox {self._name} is gone: {self._closed_reason}", container_id=self._name)
         rid = next(self._ids) & 0xFFFFFFFF
         future: asyncio.Future[tuple[dict[str, Any], bytes]] = asyncio.get_running_loop().create_future()
-        pending = self._pending[rid] = _Pending(future, on_chunk)
+        self._pending[rid] = _Pending(future, on_chunk)
         try:
             try:
                 frame = p.encode_frame(kind, rid, p.dumps(meta), body)
@@ -111,8 +111,6 @@ class AgentChannel:
                 raise
         finally:
             self._pending.pop(rid, None)
-        if kind == p.K_EXEC:
-            result_meta["_streamed"] = (b"".join(pending.stdout), b"".join(pending.stderr))
         return result_meta, result_body
 
     def _cancel_remote(self, rid: int) -> None:
@@ -124,12 +122,21 @@ class AgentChannel:
         task.add_done_callback(self._background.discard)
 
     async def exec(self, req: ExecRequest, on_chunk: ChunkCallback | None = None) -> ExecResult:
+        # The agent always streams: chunks are collected here (and passed on to the caller's
+        # callback), so the RESULT frame carries no output of its own.
+        out: tuple[list[bytes], list[bytes]] = ([], [])
+
+        def collect(chunk: OutputChunk) -> None:
+            out[chunk.stream - 1].append(chunk.data)
+            if on_chunk is not None:
+                on_chunk(chunk)
+
         meta, body = p.exec_request(req, stream=True)
-        result_meta, result_body = await self.request(p.K_EXEC, meta, body, timeout=req.timeout + REPLY_SLACK, on_chunk=on_chunk)
-        streamed = result_meta.pop("_streamed", (b"", b""))
+        result_meta, result_body = await self.request(p.K_EXEC, meta, body, timeout=req.timeout + REPLY_SLACK, on_chunk=collect)
         if result_meta.get("error"):
-            raise SandboxDied(f"command did not run in {self._name}: {result_meta['error']}", container_id=self._name)
-        return p.exec_result(result_meta, result_body, streamed=streamed)
+            # Queued behind a shell that exited, or cancelled before it started: the sandbox is fine.
+            raise FailedPrecondition(f"command did not run in {self._name}: {result_meta['error']}", container_id=self._name)
+        return p.exec_result(result_meta, result_body, streamed=(b"".join(out[0]), b"".join(out[1])))
 
     async def write_files(self, files: Sequence[FileWrite], timeout: float) -> list[FileWriteResult]:
         meta, body = p.write_files_request(files)
@@ -218,7 +225,6 @@ class AgentChannel:
             stream = 1 if kind == p.K_STDOUT else 2
             if pending.on_chunk is not None:
                 pending.on_chunk(OutputChunk(stream, body))
-            (pending.stdout if stream == 1 else pending.stderr).append(body)
             return
         if pending.future.done():
             return

@@ -182,7 +182,7 @@ def session(s: Session, node_id: str) -> pb.Session:
         oci_runtime=spec.runtime,
         workdir=s.workdir,
         created_at=s.created_at,
-        last_used_at=s.last_used_wall,
+        last_used_at=s.last_used_at,
         idle_timeout=s.options.idle_timeout,
         max_lifetime=s.options.max_lifetime,
         steps=s.steps,

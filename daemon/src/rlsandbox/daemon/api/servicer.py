@@ -21,7 +21,7 @@ from rlsandbox.daemon.api import convert
 from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, SandboxError
 from rlsandbox.daemon.model import OutputChunk
-from rlsandbox.daemon.sessions import SessionManager, SessionOptions
+from rlsandbox.daemon.sessions import SessionManager
 from rlsandbox.v1 import sandbox_pb2 as pb
 from rlsandbox.v1 import sandbox_pb2_grpc
 
@@ -31,8 +31,15 @@ R = TypeVar("R")
 MAX_BATCH = 4096
 
 
-def _abort_details(error: SandboxError) -> str:
-    return error.message
+async def _abort(context: grpc.aio.ServicerContext, error: Exception, call: str) -> None:
+    """The one mapping of exceptions to statuses: typed errors keep their code and message;
+    anything else is a bug, logged with its traceback, and INTERNAL."""
+    if isinstance(error, SandboxError):
+        if isinstance(error, ResourceExhausted) and error.retry_after:
+            context.set_trailing_metadata((("retry-after", f"{error.retry_after:.1f}"),))
+        await context.abort(error.code, error.message)
+    log.error("internal error in %s", call, exc_info=error)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {call}; see the daemon log")
 
 
 def _translate_errors(
@@ -42,22 +49,13 @@ def _translate_errors(
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
         try:
             return await handler(self, request, context)
-        except SandboxError as e:
-            if isinstance(e, ResourceExhausted) and e.retry_after:
-                context.set_trailing_metadata((("retry-after", f"{e.retry_after:.1f}"),))
-            await context.abort(e.code, _abort_details(e))
-        except (asyncio.CancelledError, grpc.aio.AbortError):
+        except grpc.aio.AbortError:
             raise
-        except Exception:
-            log.exception("internal error in %s", handler.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {handler.__name__}; see the daemon log")
-        raise AssertionError("unreachable")
+        except Exception as e:
+            await _abort(context, e, handler.__name__)
+        raise AssertionError("unreachable: context.abort raises")
 
     return wrapper
-
-
-def _time_left(context: grpc.aio.ServicerContext) -> float | None:
-    return context.time_remaining()
 
 
 class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
@@ -71,9 +69,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     @_translate_errors
     async def CreateSession(self, request: pb.CreateSessionRequest, context: grpc.aio.ServicerContext) -> pb.Session:
         options = convert.session_options(request, self.config)
-        left = _time_left(context)
-        if left is not None:
-            options = _with_acquire_timeout(options, min(options.acquire_timeout, max(0.01, left - 0.05)))
+        options = replace(options, acquire_timeout=_budget(context, options.acquire_timeout))
         session = await self.sessions.create(options)
         return convert.session(session, self.sessions.node_id)
 
@@ -94,7 +90,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
 
     @_translate_errors
     async def Exec(self, request: pb.ExecRequest, context: grpc.aio.ServicerContext) -> pb.ExecResult:
-        req = convert.exec_request(request, self.config, _time_left(context))
+        req = convert.exec_request(request, self.config, context.time_remaining())
         result, replayed = await self.sessions.exec(request.session_id, req, seq=request.seq)
         return convert.exec_result(result, replayed)
 
@@ -104,7 +100,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         # and the agent's reader is never blocked by one slow stream.
         queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
         try:
-            req = convert.exec_request(request, self.config, _time_left(context))
+            req = convert.exec_request(request, self.config, context.time_remaining())
             task = asyncio.create_task(self.sessions.exec(request.session_id, req, seq=request.seq, on_chunk=queue.put_nowait))
             task.add_done_callback(lambda _t: queue.put_nowait(None))
             try:
@@ -121,17 +117,16 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                 if result.stderr:
                     yield pb.ExecStreamEvent(stderr=result.stderr)
             yield pb.ExecStreamEvent(result=convert.exec_result(result, replayed))
-        except SandboxError as e:
-            await context.abort(e.code, _abort_details(e))
-        except Exception:
-            log.exception("internal error in ExecStream")
-            await context.abort(grpc.StatusCode.INTERNAL, "internal error in ExecStream; see the daemon log")
+        except grpc.aio.AbortError:
+            raise
+        except Exception as e:
+            await _abort(context, e, "ExecStream")
 
     @_translate_errors
     async def ExecBatch(self, request: pb.ExecBatchRequest, context: grpc.aio.ServicerContext) -> pb.ExecBatchResponse:
         if len(request.requests) > MAX_BATCH:
             raise InvalidArgument(f"at most {MAX_BATCH} commands per batch (got {len(request.requests)})")
-        left = _time_left(context)
+        left = context.time_remaining()
 
         async def one(item: pb.ExecRequest) -> pb.ExecBatchItem:
             try:
@@ -213,9 +208,6 @@ def _chunk_event(chunk: OutputChunk) -> pb.ExecStreamEvent:
 
 
 def _budget(context: grpc.aio.ServicerContext, default: float) -> float:
+    """``default`` seconds, shortened so that the answer arrives before the call's deadline."""
     left = context.time_remaining()
     return default if left is None else max(0.05, min(default, left - 0.05))
-
-
-def _with_acquire_timeout(options: SessionOptions, timeout: float) -> SessionOptions:
-    return replace(options, acquire_timeout=timeout)

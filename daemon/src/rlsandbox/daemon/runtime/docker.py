@@ -30,7 +30,6 @@ from rlsandbox.daemon.errors import (
     DockerError,
     DockerUnavailable,
     ImageNotFound,
-    SandboxError,
 )
 from rlsandbox.daemon.model import ContainerSpec
 from yarl import URL
@@ -499,8 +498,3 @@ async def _raise_on_stream_error(resp: aiohttp.ClientResponse, what: str) -> lis
         if "stream" in item:
             lines.append(item["stream"])
     return lines
-
-
-def is_gone(error: SandboxError) -> bool:
-    """Whether ``error`` says the container no longer exists."""
-    return isinstance(error, ContainerNotFound)

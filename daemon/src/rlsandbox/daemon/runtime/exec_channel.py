@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlsandbox.daemon.agent.channel import ChunkCallback
+from rlsandbox.daemon.agent.sandbox_agent import _Capture  # the agent's own capture, one implementation
 from rlsandbox.daemon.errors import ContainerNotFound, FailedPrecondition, SandboxDied
 from rlsandbox.daemon.model import ExecRequest, ExecResult, FileRead, FileStat, FileWrite, FileWriteResult, OutputChunk
 from rlsandbox.daemon.runtime.docker import DockerRuntime
@@ -20,26 +21,6 @@ from rlsandbox.daemon.runtime.docker import DockerRuntime
 # The wrapper shell records its pid, which is the command's process group (Engine API execs start
 # as session leaders), so that a timeout can kill the whole group from a second exec.
 _PIDFILE_WRAPPER = 'echo $$ > "$0"; "$@"; ec=$?; rm -f "$0"; exit $ec'
-
-
-class _Capture:
-    __slots__ = ("cap", "data", "on_chunk", "stream", "total")
-
-    def __init__(self, cap: int, stream: int, on_chunk: ChunkCallback | None) -> None:
-        self.cap = cap
-        self.data = bytearray()
-        self.total = 0
-        self.stream = stream
-        self.on_chunk = on_chunk
-
-    def add(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.cap - len(self.data)
-        if room > 0:
-            kept = chunk[:room]
-            self.data += kept
-            if self.on_chunk is not None:
-                self.on_chunk(OutputChunk(self.stream, kept))
 
 
 class ExecChannel:
@@ -73,9 +54,14 @@ class ExecChannel:
             )
         argv = list(req.argv) if req.argv is not None else ["/bin/sh", "-c", req.shell or ""]
         pidfile = f"/tmp/.rls-exec-{secrets.token_hex(8)}.pid"
-        out = _Capture(req.stdout_cap, 1, on_chunk)
-        err = _Capture(req.stderr_cap, 2, on_chunk)
+        captures = {1: _Capture(req.stdout_cap), 2: _Capture(req.stderr_cap)}
+        out, err = captures[1], captures[2]
         timed_out = False
+
+        def on_output(stream: int, data: bytes) -> None:
+            kept = captures[stream].add(data)
+            if kept and on_chunk is not None:
+                on_chunk(OutputChunk(stream, kept))
 
         async def kill_group() -> None:
             nonlocal timed_out
@@ -98,7 +84,7 @@ class ExecChannel:
                 cwd=req.cwd,
                 env=req.env,
                 stdin=req.stdin,
-                on_output=lambda stream, data: (out if stream == 1 else err).add(data),
+                on_output=on_output,
                 timeout=req.timeout,
                 on_timeout=kill_group,
             )
@@ -117,8 +103,8 @@ class ExecChannel:
             stderr=bytes(err.data),
             stdout_total=out.total,
             stderr_total=err.total,
-            stdout_truncated=out.total > len(out.data),
-            stderr_truncated=err.total > len(err.data),
+            stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated,
             duration=time.monotonic() - started,
         )
 
