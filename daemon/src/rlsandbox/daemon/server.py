@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = sandbox_pb2.DESCRIPTOR.services_by_name["SandboxService"].full_name
 HEALTH_INTERVAL = 2.0
+HEALTH_PING_TIMEOUT = 5.0
+HEALTH_FAILURES = 3
 
 
 class NodeDaemon:
@@ -115,13 +117,19 @@ class NodeDaemon:
             await self.health.set(name, status)
 
     async def _watch_health(self) -> None:
-        """Health follows Docker reachability: a node that cannot make sandboxes is NOT_SERVING."""
+        """Health follows Docker reachability: a node that cannot make sandboxes is NOT_SERVING.
+
+        Under a storm of creates and removes dockerd can take seconds to answer even /version
+        (seen with 1,000 sessions closing at once), so only several failed pings in a row count.
+        """
+        failures = 0
         while self._stopping is None:
             try:
-                await self.runtime.ping(timeout=HEALTH_INTERVAL)
-                ok = True
+                await self.runtime.ping(timeout=HEALTH_PING_TIMEOUT)
+                failures = 0
             except SandboxError:
-                ok = False
+                failures += 1
+            ok = failures < HEALTH_FAILURES
             if ok != self.docker_ok:
                 log.warning("Docker engine %s", "reachable again" if ok else "unreachable: health NOT_SERVING")
                 self.docker_ok = ok
