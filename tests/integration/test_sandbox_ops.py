@@ -10,23 +10,30 @@ import os
 from collections.abc import AsyncIterator
 
 import pytest
-from rlsandbox.daemon.errors import FailedPrecondition
+from rlsandbox.daemon.agent.channel import AgentChannel
+from rlsandbox.daemon.agent.socket_transport import UnixSocketTransport
+from rlsandbox.daemon.errors import FailedPrecondition, SandboxDied
 from rlsandbox.daemon.model import AgentMode, ContainerSpec, ExecRequest, FileWrite
 from rlsandbox.daemon.pool import PoolSpec, SandboxFactory
+from rlsandbox.daemon.pool.factory import DEFAULT_SOCKET_ROOT
 from rlsandbox.daemon.runtime.docker import DockerRuntime
 from rlsandbox.daemon.sandbox import Sandbox
 
 pytestmark = pytest.mark.docker
 
 
-@pytest.fixture(scope="module", params=["agent", "fallback"])
+@pytest.fixture(scope="module", params=["agent", "agent-attach", "fallback"])
 async def sandbox(
     request: pytest.FixtureRequest, docker_runtime: DockerRuntime, images: dict[str, str]
 ) -> AsyncIterator[Sandbox]:
-    image = images["python"] if request.param == "agent" else images["busybox"]
-    factory = SandboxFactory(docker_runtime)
+    """agent: the agent on its unix socket (runc default); agent-attach: the agent on the
+    container's attach stream (what runsc sandboxes use); fallback: Engine API exec."""
+    image = images["busybox"] if request.param == "fallback" else images["python"]
+    factory = SandboxFactory(docker_runtime, socket_root=None if request.param == "agent-attach" else DEFAULT_SOCKET_ROOT)
     sb = await factory.create(PoolSpec(name=f"ops-{request.param}", container=ContainerSpec(image=image)))
-    assert sb.mode == ("agent" if request.param == "agent" else "exec")
+    assert sb.mode == ("exec" if request.param == "fallback" else "agent")
+    transport = type(getattr(sb.channel, "_transport", None)).__name__
+    assert transport == {"agent": "UnixSocketTransport", "agent-attach": "AttachTransport", "fallback": "NoneType"}[request.param]
     yield sb
     await factory.destroy(sb)
 
@@ -158,5 +165,27 @@ async def test_agent_under_gvisor(docker_runtime: DockerRuntime, images: dict[st
         r = await sb.exec(ExecRequest(shell="dmesg 2>/dev/null | head -1; echo done"))
         assert r.exit_code == 0 and b"done" in r.stdout
         assert b"gVisor" in r.stdout or b"Starting" in r.stdout, r.stdout
+    finally:
+        await factory.destroy(sb)
+
+
+async def test_socket_agent_outlives_its_daemon_connection(docker_runtime: DockerRuntime, images: dict[str, str]) -> None:
+    """A daemon that goes away (crash, restart) does not take the sandbox with it: the agent keeps
+    running commands and accepts the next connection."""
+    factory = SandboxFactory(docker_runtime)
+    sb = await factory.create(PoolSpec(name="reconnect", container=ContainerSpec(image=images["python"])))
+    try:
+        background = asyncio.create_task(sb.exec(ExecRequest(shell="sleep 1; echo survived > /tmp/mark")))
+        await asyncio.sleep(0.3)
+        await sb.channel.close("daemon crashed")
+        with pytest.raises(SandboxDied):
+            await background
+        socket_path = DEFAULT_SOCKET_ROOT / sb.name / "agent.sock"
+        channel = AgentChannel(await UnixSocketTransport.connect(socket_path, 10), name=sb.name)
+        await channel.start(timeout=10)
+        await asyncio.sleep(1.2)
+        [mark] = await channel.read_files(["/tmp/mark"], 100, 10)
+        assert mark.data == b"survived\n", "the command died with the daemon's connection"
+        sb.channel = channel
     finally:
         await factory.destroy(sb)

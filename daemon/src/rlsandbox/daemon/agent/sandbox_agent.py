@@ -511,7 +511,18 @@ def _sh_quote(s):
 
 
 class Agent(object):
-    def __init__(self, infd=0, outfd=1):
+    """The agent's event loop.
+
+    Two transports: the container's stdin/stdout (``infd``/``outfd``), or a unix socket in a
+    folder bind-mounted from the host (``listener``), which bypasses dockerd and survives the
+    daemon going away: the agent then keeps its commands running and waits for a new connection.
+    """
+
+    def __init__(self, infd=0, outfd=1, listener=None):
+        self.listener = listener
+        self.conn = None
+        if listener is not None:
+            infd = outfd = None
         self.infd = infd
         self.outfd = outfd
         self.sel = selectors.DefaultSelector()
@@ -528,14 +539,46 @@ class Agent(object):
         self.bash_path = next((p for p in ("/bin/bash", "/usr/bin/bash") if os.path.exists(p)), None)
         self.wake_r, self.wake_w = os.pipe()
         for fd in (self.wake_r, self.wake_w, infd, outfd):
-            _set_nonblocking(fd)
+            if fd is not None:
+                _set_nonblocking(fd)
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *a: None)
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
-        self.sel.register(infd, selectors.EVENT_READ, "in")
+        if listener is not None:
+            listener.setblocking(False)
+            self.sel.register(listener, selectors.EVENT_READ, "accept")
+        else:
+            self.sel.register(infd, selectors.EVENT_READ, "in")
+
+    def _accept(self):
+        try:
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        if self.conn is not None:  # one daemon at a time: the newest connection wins
+            self._drop_connection()
+        conn.setblocking(False)
+        self.conn = conn
+        self.infd = self.outfd = conn.fileno()
+        self.decoder = FrameDecoder()
+        self.sel.register(conn, selectors.EVENT_READ, "conn")
+
+    def _drop_connection(self):
+        """Socket mode: the daemon went away. Commands keep running; their answers are dropped."""
+        self.sel.unregister(self.conn)
+        self.conn.close()
+        self.conn = None
+        self.infd = self.outfd = None
+        del self.outbuf[:]
+
+    def _hang_up(self):
+        if self.conn is not None:
+            self._drop_connection()
+        else:  # stdio: nobody is left to answer to
+            self.running = False
 
     # -- output ---------------------------------------------------------------------------------
     def send(self, kind, rid, meta=b"{}", body=b""):
@@ -546,6 +589,9 @@ class Agent(object):
         self.send(K_ERROR, rid, _dumps({"code": code, "message": message}))
 
     def _flush(self):
+        if self.outfd is None:
+            del self.outbuf[:]
+            return
         while self.outbuf:
             try:
                 n = os.write(self.outfd, self.outbuf)
@@ -556,6 +602,11 @@ class Agent(object):
 
     def _update_out_interest(self):
         want = bool(self.outbuf)
+        if self.conn is not None:  # one fd both ways: change its interest, not its registration
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
+            if self.sel.get_key(self.conn).events != events:
+                self.sel.modify(self.conn, events, "conn")
+            return
         key = self.sel.get_map().get(self.outfd)
         if want and key is None:
             self.sel.register(self.outfd, selectors.EVENT_WRITE, "out")
@@ -765,6 +816,13 @@ class Agent(object):
                 tag = key.data
                 if tag == "in":
                     self._read_input()
+                elif tag == "conn":
+                    if events & selectors.EVENT_WRITE:
+                        self._flush()
+                    if events & selectors.EVENT_READ and self.conn is not None:
+                        self._read_input()
+                elif tag == "accept":
+                    self._accept()
                 elif tag == "child":
                     owner_which = self.readers.get(key.fd)
                     if owner_which is None:
@@ -804,8 +862,10 @@ class Agent(object):
             data = os.read(self.infd, READ_CHUNK * 4)
         except (BlockingIOError, InterruptedError):
             return
-        if not data:  # the daemon hung up: nobody is left to answer to
-            self.running = False
+        except ConnectionError:
+            data = b""
+        if not data:
+            self._hang_up()
             return
         try:
             frames = self.decoder.feed(data)
@@ -814,7 +874,8 @@ class Agent(object):
             self.error(e.request_id, "unsupported_version", str(e))
         except ProtocolError as e:
             self.error(0, "protocol_error", str(e))
-            self.running = False
+            self._flush()
+            self._hang_up()
             return
         for kind, rid, meta, body in frames:
             self.handle(kind, rid, meta, body)
@@ -826,6 +887,9 @@ class Agent(object):
         for shell in list(self.shells.values()):
             shell.kill()
         deadline = time.monotonic() + 1.0
+        if self.outfd is None:
+            self._reap()
+            return
         _set_blocking = fcntl.fcntl(self.outfd, fcntl.F_GETFL) & ~os.O_NONBLOCK
         fcntl.fcntl(self.outfd, fcntl.F_SETFL, _set_blocking)
         try:
@@ -937,9 +1001,34 @@ def _list_dir(req):
     return {"entries": entries, "truncated": truncated}
 
 
-def main():
+def listen_unix(path):
+    """A listening unix socket at ``path`` (replacing a stale one), for the daemon only."""
+    import socket
+
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o077)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old_umask)
+    sock.listen(4)
+    return sock
+
+
+def main(argv=None):
     os.environ.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-    agent = Agent()
+    argv = sys.argv[1:] if argv is None else argv
+    listener = None
+    if argv[:1] == ["--socket"] and len(argv) == 2:
+        listener = listen_unix(argv[1])
+    elif argv:
+        sys.stderr.write("usage: sandbox_agent.py [--socket PATH]\n")
+        return 2
+    agent = Agent(listener=listener)
     agent.run()
     return 0
 

@@ -6,15 +6,18 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import shutil
 import time
 from pathlib import Path
 
 from rlsandbox.daemon.agent import AGENT_PATH
 from rlsandbox.daemon.agent.channel import AgentChannel
+from rlsandbox.daemon.agent.socket_transport import UnixSocketTransport
 from rlsandbox.daemon.errors import SandboxError
 from rlsandbox.daemon.model import AgentMode, ExecRequest
 from rlsandbox.daemon.pool.spec import PoolSpec
 from rlsandbox.daemon.runtime.docker import (
+    AGENT_SOCKET,
     LABEL_CREATED,
     LABEL_INSTANCE,
     LABEL_MANAGED,
@@ -33,6 +36,7 @@ REMOVE_TIMEOUT = 30.0
 # 1,000 concurrent removes made every one of them miss its deadline (measured with api_bench),
 # while a short queue on our side lets each one finish well within it.
 REMOVE_CONCURRENCY = 8
+DEFAULT_SOCKET_ROOT = Path("/run/rlsandbox/sockets")
 
 
 class SetupFailed(SandboxError):
@@ -47,10 +51,20 @@ class SandboxFactory:
     """
 
     def __init__(
-        self, runtime: DockerRuntime, *, agent_path: Path = AGENT_PATH, remove_concurrency: int = REMOVE_CONCURRENCY
+        self,
+        runtime: DockerRuntime,
+        *,
+        agent_path: Path = AGENT_PATH,
+        remove_concurrency: int = REMOVE_CONCURRENCY,
+        socket_root: Path | None = DEFAULT_SOCKET_ROOT,
     ) -> None:
+        """Args:
+        socket_root: host folder for the agents' unix sockets (runc sandboxes); None keeps
+            every agent on the container's attach stream.
+        """
         self.runtime = runtime
         self.agent_path = agent_path
+        self.socket_root = socket_root
         self.live: dict[str, str | None] = {}
         self._remove_slots = asyncio.Semaphore(remove_concurrency)
 
@@ -76,12 +90,23 @@ class SandboxFactory:
                 use_agent = await self.runtime.image_has_python(cspec.image, cspec.runtime)
             else:
                 use_agent = cspec.agent is AgentMode.AGENT
+            socket_dir = None
+            if use_agent and self.socket_root is not None and cspec.runtime == "runc":
+                socket_dir = self.socket_root / name
+                socket_dir.mkdir(parents=True, mode=0o700)
             config = self.runtime.container_config(
-                cspec, labels=self.labels(spec.name, session), use_agent=use_agent, agent_path=self.agent_path
+                cspec,
+                labels=self.labels(spec.name, session),
+                use_agent=use_agent,
+                agent_path=self.agent_path,
+                socket_dir=socket_dir,
             )
             cid = await self.runtime.create_and_start(config, name=name)
             self.live[name] = cid
-            if use_agent:
+            if socket_dir is not None:
+                transport = await UnixSocketTransport.connect(socket_dir / AGENT_SOCKET, spec.start_timeout)
+                channel = AgentChannel(transport, name=name)
+            elif use_agent:
                 channel = AgentChannel(await self.runtime.attach(cid), name=name)
             else:
                 channel = ExecChannel(self.runtime, cid)
@@ -124,3 +149,5 @@ class SandboxFactory:
             log.warning("could not remove sandbox %s (%s): %s", name, reason, e)
         finally:
             self.live.pop(name, None)
+            if self.socket_root is not None:
+                shutil.rmtree(self.socket_root / name, ignore_errors=True)

@@ -44,6 +44,8 @@ LABEL_SESSION = "rlsandbox.session"
 LABEL_CREATED = "rlsandbox.created"
 
 AGENT_MOUNT = "/.rlsandbox/agent.py"
+SOCKET_MOUNT = "/.rlsandbox/sock"
+AGENT_SOCKET = "agent.sock"
 DEFAULT_SOCKET = "/var/run/docker.sock"
 # Capabilities a sandbox keeps: enough for package managers and file ownership inside the
 # container, nothing that reaches the host (no NET_RAW, SYS_*, MKNOD, AUDIT_WRITE, SETFCAP).
@@ -168,6 +170,7 @@ class DockerRuntime:
         labels: Mapping[str, str],
         use_agent: bool,
         agent_path: Path | None,
+        socket_dir: Path | None = None,
     ) -> dict[str, Any]:
         lim = spec.limits
         host: dict[str, Any] = {
@@ -198,16 +201,21 @@ class DockerRuntime:
         if use_agent:
             assert agent_path is not None
             host["Binds"] = [f"{agent_path}:{AGENT_MOUNT}:ro"]
-            config.update(
-                Cmd=["python3", "-u", AGENT_MOUNT],
-                Entrypoint=[],
-                OpenStdin=True,
-                StdinOnce=False,
-                AttachStdin=True,
-                AttachStdout=True,
-                AttachStderr=True,
-                Tty=False,
-            )
+            if socket_dir is not None:
+                # The agent listens on a unix socket in a host folder: no stdin, no attach.
+                host["Binds"].append(f"{socket_dir}:{SOCKET_MOUNT}:rw")
+                config.update(Cmd=["python3", "-u", AGENT_MOUNT, "--socket", f"{SOCKET_MOUNT}/{AGENT_SOCKET}"], Entrypoint=[])
+            else:
+                config.update(
+                    Cmd=["python3", "-u", AGENT_MOUNT],
+                    Entrypoint=[],
+                    OpenStdin=True,
+                    StdinOnce=False,
+                    AttachStdin=True,
+                    AttachStdout=True,
+                    AttachStderr=True,
+                    Tty=False,
+                )
         else:
             # No agent: an init (docker-init) reaps zombies and a sleep keeps the sandbox alive
             # for Engine API execs.
