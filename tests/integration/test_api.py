@@ -210,3 +210,17 @@ async def test_idempotency_key_returns_the_same_session(client: AsyncClient) -> 
     await again.close()
     with pytest.raises(FailedPreconditionError, match="which ended: closed by client"):
         await client.create_session("busybox", idempotency_key="episode-42")
+
+
+async def test_call_deadline_caps_the_command_timeout(client: AsyncClient, daemon: NodeDaemon) -> None:
+    session = await client.create_session("python")
+    try:
+        async with grpc.aio.insecure_channel(daemon.address) as channel:
+            stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+            started = time.monotonic()
+            # The command asks for 60 s; the caller will only wait 1.5 s. The daemon must answer
+            # in time with a timed-out result, not let the call die with DEADLINE_EXCEEDED.
+            reply = await stub.Exec(exec_request(session.id, "sleep 30", timeout=60), timeout=1.5)
+            assert reply.timed_out and time.monotonic() - started < 1.5
+    finally:
+        await session.close()

@@ -82,6 +82,7 @@ class DaemonConfig(BaseModel):
     listen_tcp: str | None = "127.0.0.1:7420"
     listen_unix: str | None = None
     docker_socket: str = "/var/run/docker.sock"
+    agent_socket_root: str = "/run/rlsandbox/sockets"
     max_sessions: int = Field(2000, ge=1)
     max_waiters_per_pool: int = Field(1024, ge=1)
     create_concurrency: int = Field(4, ge=1, le=64)

@@ -14,6 +14,7 @@ import os
 import secrets
 import signal
 import socket
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -43,7 +44,9 @@ class NodeDaemon:
         self.config = config
         self.instance = secrets.token_hex(4)
         self.runtime = DockerRuntime(owner=config.node_id, instance=self.instance, socket_path=config.docker_socket)
-        self.factory = SandboxFactory(self.runtime)
+        self.factory = SandboxFactory(
+            self.runtime, socket_root=Path(config.agent_socket_root) if config.agent_socket_root else None
+        )
         self.limiter = CreateLimiter(config.create_concurrency)
         self.pools = {
             p.name: WarmPool(p.spec(), self.factory, limiter=self.limiter, max_waiters=config.max_waiters_per_pool)
