@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import socket
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from typing import Any
 import uvloop
 from rlsandbox.client import AsyncClient, AsyncSession, ResourceExhaustedError, exec_request
 from rlsandbox.loadtest.foundation import throughput, timed_sequential
-from rlsandbox.loadtest.stats import summary_ms
+from rlsandbox.loadtest.stats import latency_table, machine, summary_ms
 
 CONFIG = """
 node_id = "{node}"
@@ -187,7 +186,7 @@ async def bench(live_sessions: int, scale: float) -> dict[str, Any]:
                 daemon.terminate()
             await asyncio.wait_for(daemon.wait(), 300)
             results["daemon_exit_code"] = daemon.returncode
-    results["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release()}
+    results["machine"] = machine()
     return results
 
 
@@ -197,8 +196,7 @@ def render(r: dict[str, Any]) -> str:
         ("`true`, 64 sessions, 64 in flight", r["exec_true_c64"]),
         ("CreateSession from a warm pool", r["warm_create_session"]),
     ]
-    lines = ["| operation | n | p50 ms | p90 ms | p99 ms | max ms |", "|---|---|---|---|---|---|"]
-    lines += [f"| {name} | {s['n']} | {s['p50']:.2f} | {s['p90']:.2f} | {s['p99']:.2f} | {s['max']:.2f} |" for name, s in rows]
+    lines = latency_table(rows, digits=2)
     lines += [
         "",
         f"- aggregate `true` throughput, 64 in flight over 64 sessions: {r['exec_true_c64_throughput']:.0f} commands/s",

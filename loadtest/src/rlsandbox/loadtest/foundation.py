@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,7 +20,7 @@ import uvloop
 from rlsandbox.daemon.model import AgentMode, ContainerSpec, ExecRequest
 from rlsandbox.daemon.pool import CreateLimiter, PoolSpec, SandboxFactory, WarmPool
 from rlsandbox.daemon.runtime.docker import LABEL_OWNER, DockerRuntime
-from rlsandbox.loadtest.stats import summary_ms
+from rlsandbox.loadtest.stats import latency_table, machine, summary_ms
 
 
 async def timed_sequential(n: int, op: Callable[[], Awaitable[Any]]) -> list[float]:
@@ -101,7 +100,7 @@ async def run(image: str, scale: float) -> dict[str, Any]:
     r["ratio_engine_over_agent_p50"] = r["engine_exec_true"]["p50"] / r["agent_exec_true"]["p50"]
     r["ratio_agent_over_engine_throughput"] = r["agent_throughput_64"] / r["engine_throughput_16"]
     r["ratio_cold_over_warm_p50"] = r["cold_create_to_ready"]["p50"] / r["warm_acquire"]["p50"]
-    r["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release()}
+    r["machine"] = machine()
     r["image"] = image
     return r
 
@@ -113,8 +112,7 @@ def render(r: dict[str, Any]) -> str:
         ("cold create+start to ready", r["cold_create_to_ready"]),
         ("warm acquire", r["warm_acquire"]),
     ]
-    lines = ["| operation | n | p50 ms | p99 ms | max ms |", "|---|---|---|---|---|"]
-    lines += [f"| {name} | {s['n']} | {s['p50']:.3f} | {s['p99']:.3f} | {s['max']:.3f} |" for name, s in rows]
+    lines = latency_table(rows, digits=3)
     lines += [
         "",
         f"- agent throughput, 64 in flight, one sandbox: {r['agent_throughput_64']:.0f} commands/s",

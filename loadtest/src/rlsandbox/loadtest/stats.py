@@ -24,3 +24,19 @@ def summary_ms(samples: Sequence[float]) -> dict[str, float]:
         "max": max(samples) * 1e3,
         "mean": statistics.fmean(samples) * 1e3,
     }
+
+
+def latency_table(rows: Sequence[tuple[str, dict[str, float]]], digits: int = 2) -> list[str]:
+    """Markdown rows: operation, n, p50/p90/p99/max in milliseconds."""
+    lines = ["| operation | n | p50 ms | p90 ms | p99 ms | max ms |", "|---|---|---|---|---|---|"]
+    for name, s in rows:
+        cells = " | ".join(f"{s[k]:.{digits}f}" for k in ("p50", "p90", "p99", "max"))
+        lines.append(f"| {name} | {s['n']} | {cells} |")
+    return lines
+
+
+def machine() -> dict[str, object]:
+    import os
+    import platform
+
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release()}

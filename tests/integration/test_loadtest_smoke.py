@@ -1,0 +1,23 @@
+"""Smoke runs of the benchmarks, so the harness keeps working (numbers are not asserted here:
+benchmarks live in loadtest/ and their results in docs/BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlsandbox.loadtest import api_bench, foundation
+
+pytestmark = pytest.mark.docker
+
+
+async def test_foundation_benchmark_runs(images: dict[str, str]) -> None:
+    results = await foundation.run(images["python"], scale=0.02)
+    assert results["agent_exec_true"]["n"] >= 5 and results["ratio_engine_over_agent_p50"] > 1
+    assert "| warm acquire |" in foundation.render(results)
+
+
+async def test_api_benchmark_runs(images: dict[str, str]) -> None:
+    results = await api_bench.bench(live_sessions=10, scale=0.05)
+    assert results["live_sessions"] == 10 and results["daemon_exit_code"] == 0
+    assert results["exec_true_c64"]["n"] == 64 * 5
+    assert "ExecBatch" in api_bench.render(results)
