@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
+# --no-cache: a stale cache once hid a lint error that CI (fresh clone) then found.
+.venv/bin/ruff check --no-cache .
+.venv/bin/ruff format --check --no-cache .
 .venv/bin/mypy client/src daemon/src loadtest/src
 exec .venv/bin/pytest "$@"

@@ -4,7 +4,6 @@ benchmarks live in loadtest/ and their results in docs/BENCHMARKS.md)."""
 from __future__ import annotations
 
 import pytest
-
 from rlsandbox.loadtest import api_bench, foundation
 
 pytestmark = pytest.mark.docker
