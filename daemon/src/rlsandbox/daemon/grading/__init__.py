@@ -1,0 +1,1 @@
+"""Grading: tasks, test report parsers, reward policies and the clean-room grader."""
