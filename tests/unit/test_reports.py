@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from rlsandbox.daemon.grading.reports import REPORT_FORMATS, Outcome, canonical_id, lookup, parse_report
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "reports"
@@ -96,7 +95,9 @@ def test_unittest_truncated_is_incomplete() -> None:
     assert report.tests["test_ut.CalcTest.test_fail"].outcome is F
 
 
-@pytest.mark.parametrize("name,broken", [("node-tap.txt", "/fx/node/test/broken.test.js"), ("node20-tap.txt", "/tmp/fx/node/test/broken.test.js")])
+@pytest.mark.parametrize(
+    "name,broken", [("node-tap.txt", "/fx/node/test/broken.test.js"), ("node20-tap.txt", "/tmp/fx/node/test/broken.test.js")]
+)
 def test_node_tap(name: str, broken: str) -> None:
     assert outcomes("tap", name) == {
         broken: F,  # the file failed to load: reported as a failed test of its own
@@ -165,7 +166,7 @@ def test_exit_code() -> None:
 
 
 def test_unknown_format_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="unknown report format 'nose'.*pytest"):
+    with pytest.raises(ValueError, match=r"unknown report format 'nose'.*pytest"):
         parse_report("nose", b"")
 
 

@@ -29,6 +29,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 MAX_REPORT_BYTES = 32 << 20
 
@@ -96,7 +97,9 @@ def _text(data: bytes) -> str:
 # -- pytest ---------------------------------------------------------------------------------------
 _PYTEST_SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\S.*?)(?: - (.*))?$")
 _PYTEST_VERBOSE = re.compile(r"^(\S+::\S.*?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)(?: \(.*\))?\s*(?:\[\s*\d+%\])?$")
-_PYTEST_FINAL = re.compile(r"^=+ .*\b(passed|failed|error|errors|skipped|deselected|xfailed|xpassed|no tests ran)\b.* in [\d.]+s.* =+$")
+_PYTEST_FINAL = re.compile(
+    r"^=+ .*\b(passed|failed|error|errors|skipped|deselected|xfailed|xpassed|no tests ran)\b.* in [\d.]+s.* =+$"
+)
 _PYTEST_MAP = {
     "PASSED": Outcome.PASSED,
     "FAILED": Outcome.FAILED,
@@ -130,19 +133,15 @@ def parse_junit(data: bytes, exit_code: int | None = None) -> TestReport:
         b.complete = False
         b.problems.append("JUnit XML with a DOCTYPE or entities is refused")
         return b.build()
-    parser = ET.XMLPullParser(events=("end",))
+    parser: Any = ET.XMLPullParser(events=("end",))  # typeshed's event types are too loose to use
     try:
         parser.feed(data)
         parser.close()
     except ET.ParseError as e:
         b.complete = False
         b.problems.append(f"JUnit XML is malformed or truncated ({e}); kept the test cases read before it")
-    try:
-        events = list(parser.read_events())
-    except ET.ParseError:  # pragma: no cover - read_events re-raises nothing after close(); defensive
-        events = []
-    for _, elem in events:
-        if elem.tag != "testcase":
+    for _, elem in _pull_events(parser, b):
+        if not isinstance(elem, ET.Element) or elem.tag != "testcase":
             continue
         name = elem.get("name", "")
         classname = elem.get("classname", "")
@@ -165,6 +164,22 @@ def parse_junit(data: bytes, exit_code: int | None = None) -> TestReport:
         b.complete = False
         b.problems.append("empty JUnit report")
     return b.build()
+
+
+def _pull_events(parser: Any, b: _Builder) -> list[tuple[str, Any]]:
+    """The events parsed before any error (the pull parser re-raises a parse error in read_events)."""
+    out: list[tuple[str, Any]] = []
+    events = parser.read_events()
+    while True:
+        try:
+            out.append(next(events))
+        except StopIteration:
+            return out
+        except ET.ParseError as e:
+            if b.complete:
+                b.complete = False
+                b.problems.append(f"JUnit XML is malformed or truncated ({e}); kept the test cases read before it")
+            return out
 
 
 # -- unittest -------------------------------------------------------------------------------------
@@ -194,9 +209,7 @@ def parse_unittest(data: bytes, exit_code: int | None = None) -> TestReport:
             pending = None
             continue
         m = _UT_START.match(line.lstrip())
-        if m and not line.startswith("  "):
-            pending = _ut_id(m.group(1), m.group(2))
-        elif m:  # an indented sub-test line belongs to its test
+        if m:  # an indented sub-test line "  test_x (...) (i=1) ... FAIL" belongs to its test
             pending = _ut_id(m.group(1), m.group(2))
         if pending is None:
             continue
