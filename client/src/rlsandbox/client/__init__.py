@@ -21,7 +21,7 @@ from rlsandbox.client._errors import (
     UnavailableError,
 )
 from rlsandbox.client._sync import Client, Session
-from rlsandbox.client._types import ExecResult, FileData, SessionInfo
+from rlsandbox.client._types import ExecResult, FileData, GradeResult, SessionInfo, TestOutcome, task_message
 
 __all__ = [
     "AsyncClient",
@@ -31,6 +31,7 @@ __all__ = [
     "ExecResult",
     "FailedPreconditionError",
     "FileData",
+    "GradeResult",
     "InternalError",
     "InvalidArgumentError",
     "NotFoundError",
@@ -39,7 +40,9 @@ __all__ = [
     "SandboxRPCError",
     "Session",
     "SessionInfo",
+    "TestOutcome",
     "UnauthenticatedError",
     "UnavailableError",
     "exec_request",
+    "task_message",
 ]

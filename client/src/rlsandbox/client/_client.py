@@ -13,7 +13,7 @@ from typing import (
 
 import grpc
 from rlsandbox.client._errors import SandboxRPCError, UnavailableError, error_from_name, from_rpc_error
-from rlsandbox.client._types import ExecResult, FileData, SessionInfo
+from rlsandbox.client._types import ExecResult, FileData, GradeResult, SessionInfo, task_message
 from rlsandbox.v1 import sandbox_pb2 as pb
 from rlsandbox.v1 import sandbox_pb2_grpc
 
@@ -115,8 +115,9 @@ class AsyncClient:
 
     async def create_session(
         self,
-        pool: str,
+        pool: str = "",
         *,
+        task: Any = None,
         env: Mapping[str, str] | None = None,
         workdir: str = "",
         idle_timeout: float = 0.0,
@@ -126,6 +127,9 @@ class AsyncClient:
         acquire_timeout: float = 0.0,
     ) -> AsyncSession:
         """Start a session on a sandbox of ``pool``. Retried on UNAVAILABLE only with an idempotency key.
+
+        With ``task`` (see :func:`task_message`), the session starts from the task's workspace and
+        setup, in the task's pool, and :meth:`AsyncSession.grade` grades against it.
 
         Raises:
             NotFoundError: no such pool. ResourceExhaustedError: node or pool full.
@@ -139,12 +143,13 @@ class AsyncClient:
             labels=dict(labels or {}),
             idempotency_key=idempotency_key,
             acquire_timeout=acquire_timeout,
+            task=task_message(task) if task is not None else None,
         )
-        deadline = self.timeout + acquire_timeout
+        deadline = self.timeout + acquire_timeout + (600.0 if task is not None else 0.0)
         info = await self._call(self._stub.CreateSession, request, timeout=deadline, retry=bool(idempotency_key))
         return AsyncSession(self, SessionInfo.from_pb(info))
 
-    def session(self, pool: str, **options: Any) -> _SessionContext:
+    def session(self, pool: str = "", **options: Any) -> _SessionContext:
         """``async with client.session(pool="python") as s:``; the session is closed on exit."""
         return _SessionContext(self, pool, options)
 
@@ -218,6 +223,18 @@ class AsyncClient:
         response = await self._call(self._stub.ListSessions, request, timeout=self.timeout, retry=True)
         return [SessionInfo.from_pb(s) for s in response.sessions]
 
+    async def evaluate(self, session_id: str, *, task: Any = None, mode: str = "clean_room", timeout: float = 0.0) -> GradeResult:
+        """Grade a session (see :meth:`AsyncSession.grade`)."""
+        request = pb.EvaluateRequest(
+            session_id=session_id,
+            task=task_message(task) if task is not None else None,
+            mode=pb.EVALUATE_MODE_IN_PLACE if mode == "in_place" else pb.EVALUATE_MODE_CLEAN_ROOM,
+            timeout=timeout,
+        )
+        # Grading does not change the agent's sandbox: safe to repeat on UNAVAILABLE.
+        result = await self._call(self._stub.Evaluate, request, timeout=self.timeout + (timeout or 900.0), retry=True)
+        return GradeResult.from_pb(result)
+
     async def node_status(self) -> pb.NodeStatus:
         """Pools (ready, in use, creating, failures), sessions, capacity, load, version."""
         return await self._call(self._stub.GetNodeStatus, pb.GetNodeStatusRequest(), timeout=self.timeout, retry=True)
@@ -253,6 +270,11 @@ class AsyncSession:
 
     async def read_files(self, paths: Sequence[str], *, max_bytes: int = 0) -> dict[str, FileData]:
         return await self.client.read_files(self.id, paths, max_bytes=max_bytes)
+
+    async def grade(self, *, task: Any = None, mode: str = "clean_room", timeout: float = 0.0) -> GradeResult:
+        """The reward of this session's work, from its task (or ``task``). ``mode="in_place"`` runs
+        the tests in this sandbox: faster, and weaker against an agent that tampered with it."""
+        return await self.client.evaluate(self.id, task=task, mode=mode, timeout=timeout)
 
     async def refresh(self) -> SessionInfo:
         self.info = await self.client.get_session(self.id)

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import grpc
 from rlsandbox.client._client import MAX_MESSAGE, RETRY_ATTEMPTS, Command, exec_request, write_files_request
 from rlsandbox.client._errors import UnavailableError, from_rpc_error
-from rlsandbox.client._types import ExecResult, FileData, SessionInfo
+from rlsandbox.client._types import ExecResult, FileData, GradeResult, SessionInfo, task_message
 from rlsandbox.v1 import sandbox_pb2 as pb
 from rlsandbox.v1 import sandbox_pb2_grpc
 
@@ -57,18 +57,20 @@ class Client:
                     raise error from None
                 time.sleep(min(2.0, 0.1 * 2**attempt) * (0.5 + random.random()))
 
-    def create_session(self, pool: str, *, acquire_timeout: float = 0.0, **options: Any) -> Session:
+    def create_session(self, pool: str = "", *, acquire_timeout: float = 0.0, task: Any = None, **options: Any) -> Session:
         """Start a session on a sandbox of ``pool`` (options as in AsyncClient.create_session)."""
+        if task is not None:
+            options["task"] = task_message(task)
         request = pb.CreateSessionRequest(pool=pool, acquire_timeout=acquire_timeout, **options)
         info = self._call(
             self._stub.CreateSession,
             request,
-            timeout=self.timeout + acquire_timeout,
+            timeout=self.timeout + acquire_timeout + (600.0 if task is not None else 0.0),
             retry=bool(request.idempotency_key),
         )
         return Session(self, SessionInfo.from_pb(info))
 
-    def session(self, pool: str, **options: Any) -> Session:
+    def session(self, pool: str = "", **options: Any) -> Session:
         """``with client.session(pool="python") as s:``; the session is closed on exit."""
         return self.create_session(pool, **options)
 
@@ -99,6 +101,16 @@ class Client:
         response = self._call(self._stub.ListSessions, request, timeout=self.timeout, retry=True)
         return [SessionInfo.from_pb(s) for s in response.sessions]
 
+    def evaluate(self, session_id: str, *, task: Any = None, mode: str = "clean_room", timeout: float = 0.0) -> GradeResult:
+        request = pb.EvaluateRequest(
+            session_id=session_id,
+            task=task_message(task) if task is not None else None,
+            mode=pb.EVALUATE_MODE_IN_PLACE if mode == "in_place" else pb.EVALUATE_MODE_CLEAN_ROOM,
+            timeout=timeout,
+        )
+        result = self._call(self._stub.Evaluate, request, timeout=self.timeout + (timeout or 900.0), retry=True)
+        return GradeResult.from_pb(result)
+
     def node_status(self) -> pb.NodeStatus:
         return self._call(self._stub.GetNodeStatus, pb.GetNodeStatusRequest(), timeout=self.timeout, retry=True)
 
@@ -125,6 +137,9 @@ class Session:
 
     def read_files(self, paths: Sequence[str], *, max_bytes: int = 0) -> dict[str, FileData]:
         return self.client.read_files(self.id, paths, max_bytes=max_bytes)
+
+    def grade(self, *, task: Any = None, mode: str = "clean_room", timeout: float = 0.0) -> GradeResult:
+        return self.client.evaluate(self.id, task=task, mode=mode, timeout=timeout)
 
     def close(self) -> bool:
         return self.client.close_session(self.id)

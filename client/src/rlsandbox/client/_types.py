@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, Optional
 
 from rlsandbox.v1 import sandbox_pb2 as pb
 
@@ -79,6 +82,7 @@ class SessionInfo:
     steps: int
     end_reason: str
     labels: dict[str, str] = field(default_factory=dict)
+    task_id: str = ""
 
     @classmethod
     def from_pb(cls, m: pb.Session) -> SessionInfo:
@@ -93,4 +97,76 @@ class SessionInfo:
             steps=m.steps,
             end_reason=m.end_reason,
             labels=dict(m.labels),
+            task_id=m.task_id,
         )
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    id: str
+    outcome: str  # passed, failed, error, skipped, or missing (listed by the task, absent from the report)
+    group: str  # fail_to_pass, pass_to_pass, other
+
+
+@dataclass(frozen=True)
+class GradeResult:
+    """The grade of a session. ``reward`` is None exactly when the status is ``infra_error`` or
+    ``invalid_task``: mask those episodes, they say nothing about the agent."""
+
+    status: str  # ok, infra_error, timeout, invalid_task
+    reward: Optional[float]
+    resolved: bool
+    message: str
+    tests: list[TestOutcome]
+    counts: dict[str, int]
+    exit_code: Optional[int]
+    timed_out: bool
+    report_complete: bool
+    tampering: list[str]
+    log: bytes
+    duration: float
+    mode: str
+    task_id: str
+    session_id: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @classmethod
+    def from_pb(cls, m: pb.GradeResult) -> GradeResult:
+        return cls(
+            status=m.status,
+            reward=m.reward if m.HasField("reward") else None,
+            resolved=m.resolved,
+            message=m.message,
+            tests=[TestOutcome(t.id, t.outcome, t.group) for t in m.tests],
+            counts=dict(m.counts),
+            exit_code=m.exit_code if m.HasField("exit_code") else None,
+            timed_out=m.timed_out,
+            report_complete=m.report_complete,
+            tampering=list(m.tampering),
+            log=m.log,
+            duration=m.duration,
+            mode=m.mode,
+            task_id=m.task_id,
+            session_id=m.session_id,
+        )
+
+
+def task_message(task: Any) -> pb.Task:
+    """A task for the API from: a ``pb.Task``; an object with ``spec_json()`` and ``workspace_tar``
+    (``rlsandbox.daemon.grading.task.Task``, from ``load_tasks``); a spec as a JSON string or a
+    mapping (workspace in the image, or pass ``(spec, workspace_tar)``)."""
+    if isinstance(task, pb.Task):
+        return task
+    if isinstance(task, tuple) and len(task) == 2:
+        spec, tar = task
+        return pb.Task(spec_json=spec if isinstance(spec, str) else json.dumps(spec), workspace_tar=bytes(tar))
+    if hasattr(task, "spec_json") and hasattr(task, "workspace_tar"):
+        return pb.Task(spec_json=task.spec_json(), workspace_tar=task.workspace_tar)
+    if isinstance(task, str):
+        return pb.Task(spec_json=task)
+    if isinstance(task, Mapping):
+        return pb.Task(spec_json=json.dumps(dict(task)))
+    raise TypeError(f"cannot send {type(task).__name__} as a task; see rlsandbox.client.task_message")

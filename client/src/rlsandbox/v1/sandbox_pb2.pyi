@@ -15,15 +15,32 @@ class SessionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SESSION_STATE_CLOSING: _ClassVar[SessionState]
     SESSION_STATE_CLOSED: _ClassVar[SessionState]
     SESSION_STATE_FAILED: _ClassVar[SessionState]
+
+class EvaluateMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVALUATE_MODE_UNSPECIFIED: _ClassVar[EvaluateMode]
+    EVALUATE_MODE_CLEAN_ROOM: _ClassVar[EvaluateMode]
+    EVALUATE_MODE_IN_PLACE: _ClassVar[EvaluateMode]
 SESSION_STATE_UNSPECIFIED: SessionState
 SESSION_STATE_CREATING: SessionState
 SESSION_STATE_READY: SessionState
 SESSION_STATE_CLOSING: SessionState
 SESSION_STATE_CLOSED: SessionState
 SESSION_STATE_FAILED: SessionState
+EVALUATE_MODE_UNSPECIFIED: EvaluateMode
+EVALUATE_MODE_CLEAN_ROOM: EvaluateMode
+EVALUATE_MODE_IN_PLACE: EvaluateMode
+
+class Task(_message.Message):
+    __slots__ = ("spec_json", "workspace_tar")
+    SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_TAR_FIELD_NUMBER: _ClassVar[int]
+    spec_json: str
+    workspace_tar: bytes
+    def __init__(self, spec_json: _Optional[str] = ..., workspace_tar: _Optional[bytes] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
-    __slots__ = ("pool", "env", "workdir", "idle_timeout", "max_lifetime", "labels", "idempotency_key", "acquire_timeout")
+    __slots__ = ("pool", "env", "workdir", "idle_timeout", "max_lifetime", "labels", "idempotency_key", "acquire_timeout", "task")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +63,7 @@ class CreateSessionRequest(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     ACQUIRE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     pool: str
     env: _containers.ScalarMap[str, str]
     workdir: str
@@ -54,10 +72,11 @@ class CreateSessionRequest(_message.Message):
     labels: _containers.ScalarMap[str, str]
     idempotency_key: str
     acquire_timeout: float
-    def __init__(self, pool: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., idle_timeout: _Optional[float] = ..., max_lifetime: _Optional[float] = ..., labels: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., acquire_timeout: _Optional[float] = ...) -> None: ...
+    task: Task
+    def __init__(self, pool: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., idle_timeout: _Optional[float] = ..., max_lifetime: _Optional[float] = ..., labels: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., acquire_timeout: _Optional[float] = ..., task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("session_id", "node_id", "pool", "state", "labels", "image", "mode", "oci_runtime", "workdir", "created_at", "last_used_at", "idle_timeout", "max_lifetime", "steps", "container_name", "end_reason")
+    __slots__ = ("session_id", "node_id", "pool", "state", "labels", "image", "mode", "oci_runtime", "workdir", "created_at", "last_used_at", "idle_timeout", "max_lifetime", "steps", "container_name", "end_reason", "task_id")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +100,7 @@ class Session(_message.Message):
     STEPS_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_NAME_FIELD_NUMBER: _ClassVar[int]
     END_REASON_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     node_id: str
     pool: str
@@ -97,7 +117,8 @@ class Session(_message.Message):
     steps: int
     container_name: str
     end_reason: str
-    def __init__(self, session_id: _Optional[str] = ..., node_id: _Optional[str] = ..., pool: _Optional[str] = ..., state: _Optional[_Union[SessionState, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., image: _Optional[str] = ..., mode: _Optional[str] = ..., oci_runtime: _Optional[str] = ..., workdir: _Optional[str] = ..., created_at: _Optional[float] = ..., last_used_at: _Optional[float] = ..., idle_timeout: _Optional[float] = ..., max_lifetime: _Optional[float] = ..., steps: _Optional[int] = ..., container_name: _Optional[str] = ..., end_reason: _Optional[str] = ...) -> None: ...
+    task_id: str
+    def __init__(self, session_id: _Optional[str] = ..., node_id: _Optional[str] = ..., pool: _Optional[str] = ..., state: _Optional[_Union[SessionState, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., image: _Optional[str] = ..., mode: _Optional[str] = ..., oci_runtime: _Optional[str] = ..., workdir: _Optional[str] = ..., created_at: _Optional[float] = ..., last_used_at: _Optional[float] = ..., idle_timeout: _Optional[float] = ..., max_lifetime: _Optional[float] = ..., steps: _Optional[int] = ..., container_name: _Optional[str] = ..., end_reason: _Optional[str] = ..., task_id: _Optional[str] = ...) -> None: ...
 
 class GetSessionRequest(_message.Message):
     __slots__ = ("session_id",)
@@ -352,3 +373,66 @@ class NodeStatus(_message.Message):
     uptime: float
     execs_total: int
     def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., sessions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., docker_reachable: _Optional[bool] = ..., serving: _Optional[bool] = ..., load1: _Optional[float] = ..., uptime: _Optional[float] = ..., execs_total: _Optional[int] = ...) -> None: ...
+
+class EvaluateRequest(_message.Message):
+    __slots__ = ("session_id", "task", "mode", "timeout")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    task: Task
+    mode: EvaluateMode
+    timeout: float
+    def __init__(self, session_id: _Optional[str] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., mode: _Optional[_Union[EvaluateMode, str]] = ..., timeout: _Optional[float] = ...) -> None: ...
+
+class TestOutcome(_message.Message):
+    __slots__ = ("id", "outcome", "group")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    outcome: str
+    group: str
+    def __init__(self, id: _Optional[str] = ..., outcome: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
+
+class GradeResult(_message.Message):
+    __slots__ = ("status", "reward", "resolved", "message", "tests", "counts", "exit_code", "timed_out", "report_complete", "tampering", "log", "duration", "mode", "task_id", "session_id")
+    class CountsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    RESOLVED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TESTS_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    REPORT_COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    TAMPERING_FIELD_NUMBER: _ClassVar[int]
+    LOG_FIELD_NUMBER: _ClassVar[int]
+    DURATION_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    reward: float
+    resolved: bool
+    message: str
+    tests: _containers.RepeatedCompositeFieldContainer[TestOutcome]
+    counts: _containers.ScalarMap[str, int]
+    exit_code: int
+    timed_out: bool
+    report_complete: bool
+    tampering: _containers.RepeatedScalarFieldContainer[str]
+    log: bytes
+    duration: float
+    mode: str
+    task_id: str
+    session_id: str
+    def __init__(self, status: _Optional[str] = ..., reward: _Optional[float] = ..., resolved: _Optional[bool] = ..., message: _Optional[str] = ..., tests: _Optional[_Iterable[_Union[TestOutcome, _Mapping]]] = ..., counts: _Optional[_Mapping[str, int]] = ..., exit_code: _Optional[int] = ..., timed_out: _Optional[bool] = ..., report_complete: _Optional[bool] = ..., tampering: _Optional[_Iterable[str]] = ..., log: _Optional[bytes] = ..., duration: _Optional[float] = ..., mode: _Optional[str] = ..., task_id: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...

@@ -84,6 +84,11 @@ class SandboxServiceStub:
                 request_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.GetNodeStatusRequest.SerializeToString,
                 response_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.NodeStatus.FromString,
                 _registered_method=True)
+        self.Evaluate = channel.unary_unary(
+                '/rlsandbox.v1.SandboxService/Evaluate',
+                request_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.EvaluateRequest.SerializeToString,
+                response_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.GradeResult.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -154,6 +159,15 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Evaluate(self, request, context):
+        """Grades a session against its task: by default in a clean room (a fresh sandbox of the same
+        pool with the agent's workspace changes, the original tests and the hidden tests). An
+        infrastructure failure is a result with status "infra_error" and no reward, not an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -206,6 +220,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.GetNodeStatus,
                     request_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.GetNodeStatusRequest.FromString,
                     response_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.NodeStatus.SerializeToString,
+            ),
+            'Evaluate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Evaluate,
+                    request_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.EvaluateRequest.FromString,
+                    response_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.GradeResult.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -478,6 +497,33 @@ class SandboxService:
             '/rlsandbox.v1.SandboxService/GetNodeStatus',
             rlsandbox_dot_v1_dot_sandbox__pb2.GetNodeStatusRequest.SerializeToString,
             rlsandbox_dot_v1_dot_sandbox__pb2.NodeStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Evaluate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlsandbox.v1.SandboxService/Evaluate',
+            rlsandbox_dot_v1_dot_sandbox__pb2.EvaluateRequest.SerializeToString,
+            rlsandbox_dot_v1_dot_sandbox__pb2.GradeResult.FromString,
             options,
             channel_credentials,
             insecure,

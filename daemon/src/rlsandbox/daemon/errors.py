@@ -80,6 +80,12 @@ class ContainerNotFound(DockerError):
     code = grpc.StatusCode.ABORTED
 
 
+class FileTooLarge(SandboxError):
+    """A file or folder read from a sandbox is over the size limit of the operation."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class ImageNotFound(DockerError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 

@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 from rlsandbox.daemon.api.servicer import SandboxServicer
 from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.errors import SandboxError, Unavailable
+from rlsandbox.daemon.grading.grader import Grader
 from rlsandbox.daemon.pool import CreateLimiter, Reconciler, SandboxFactory, WarmPool
 from rlsandbox.daemon.runtime.docker import DockerRuntime
 from rlsandbox.daemon.sessions import SessionManager
@@ -52,8 +53,9 @@ class NodeDaemon:
             p.name: WarmPool(p.spec(), self.factory, limiter=self.limiter, max_waiters=config.max_waiters_per_pool)
             for p in config.pools
         }
+        self.grader = Grader(self.runtime, self.pools, acquire_timeout=config.default_acquire_timeout)
         self.sessions = SessionManager(
-            config.node_id, self.pools, max_sessions=config.max_sessions, reap_interval=config.reap_interval
+            config.node_id, self.pools, max_sessions=config.max_sessions, reap_interval=config.reap_interval, grader=self.grader
         )
         self.reconciler = Reconciler(self.factory, interval=config.reconcile_interval)
         self.health = HealthServicer()

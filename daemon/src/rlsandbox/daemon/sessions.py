@@ -27,6 +27,9 @@ from rlsandbox.daemon.errors import (
     SandboxDied,
     Unavailable,
 )
+from rlsandbox.daemon.grading.grader import Grader
+from rlsandbox.daemon.grading.rewards import GradeResult
+from rlsandbox.daemon.grading.task import Task
 from rlsandbox.daemon.model import ExecRequest, ExecResult
 from rlsandbox.daemon.pool import WarmPool
 from rlsandbox.daemon.sandbox import Sandbox
@@ -64,6 +67,7 @@ class SessionOptions:
     labels: Mapping[str, str] = field(default_factory=dict)
     idempotency_key: str = ""
     acquire_timeout: float = 30.0
+    task: Task | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +109,11 @@ class Session:
 
     @property
     def workdir(self) -> str:
-        return self.options.workdir or self.pool.spec.container.workdir
+        if self.options.workdir:
+            return self.options.workdir
+        if self.options.task is not None:
+            return self.options.task.spec.workspace.path
+        return self.pool.spec.container.workdir
 
     def require_ready(self) -> Sandbox:
         if self.state is not SessionState.READY or self.sandbox is None:
@@ -126,10 +134,20 @@ class SessionManager:
         pools: the node's pools by name.
         max_sessions: admission limit; CreateSession beyond it is RESOURCE_EXHAUSTED.
         reap_interval: seconds between idle/lifetime checks.
+        grader: prepares task workspaces and grades (sessions from tasks need one).
     """
 
-    def __init__(self, node_id: str, pools: Mapping[str, WarmPool], *, max_sessions: int, reap_interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        pools: Mapping[str, WarmPool],
+        *,
+        max_sessions: int,
+        reap_interval: float = 1.0,
+        grader: Grader | None = None,
+    ) -> None:
         self.node_id = node_id
+        self.grader = grader
         self.pools = pools
         self.max_sessions = max_sessions
         self.reap_interval = reap_interval
@@ -174,8 +192,17 @@ class SessionManager:
         self.sessions[session.id] = session
         if options.idempotency_key:
             self._by_key[options.idempotency_key] = session.id
+        if options.task is not None and self.grader is None:
+            raise FailedPrecondition("this node has no grader; it cannot start sessions from tasks")
         try:
             session.sandbox = await pool.acquire(options.acquire_timeout)
+            if options.task is not None:
+                assert self.grader is not None
+                try:
+                    await self.grader.prepare(session.sandbox, options.task)
+                except BaseException:
+                    await pool.release(session.sandbox, "task setup failed")
+                    raise
         except BaseException as e:
             self.sessions.pop(session.id, None)
             self._by_key.pop(options.idempotency_key, None)
@@ -274,6 +301,28 @@ class SessionManager:
         if seq:
             future.set_result(result)
         return result, False
+
+    async def evaluate(
+        self, session_id: str, task: Task | None, *, mode: str, timeout: float | None
+    ) -> tuple[Session, Task, GradeResult]:
+        """Grade a session against ``task`` (default: the task it was started from)."""
+        session = self.get(session_id)
+        sandbox = session.require_ready()
+        task = task or session.options.task
+        if task is None:
+            raise FailedPrecondition(f"session {session_id} was not started from a task; pass the task to grade against")
+        if self.grader is None:
+            raise FailedPrecondition("this node has no grader")
+        if task.spec.pool != session.pool.name:
+            raise InvalidArgument(f"the task runs in pool {task.spec.pool!r}, the session is in {session.pool.name!r}")
+        session.touch()
+        session.in_flight += 1
+        try:
+            result = await self.grader.grade(sandbox, task, mode=mode, timeout=timeout)
+        finally:
+            session.in_flight -= 1
+            session.touch()
+        return session, task, result
 
     async def _run_step(self, session: Session, sandbox: Sandbox, req: ExecRequest, on_chunk: ChunkCallback | None) -> ExecResult:
         try:

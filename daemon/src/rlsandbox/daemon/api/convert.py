@@ -7,6 +7,8 @@ import posixpath
 
 from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.errors import InvalidArgument
+from rlsandbox.daemon.grading.rewards import GradeResult
+from rlsandbox.daemon.grading.task import Task, TaskError
 from rlsandbox.daemon.model import ExecRequest, ExecResult, FileWrite
 from rlsandbox.daemon.sessions import Session, SessionOptions, SessionState
 from rlsandbox.v1 import sandbox_pb2 as pb
@@ -49,13 +51,28 @@ def _env(env: dict[str, str], what: str) -> dict[str, str]:
     return env
 
 
+def task(t: pb.Task) -> Task:
+    """A task received over the API, validated (INVALID_ARGUMENT saying what is wrong)."""
+    try:
+        return Task.from_wire(t.spec_json, t.workspace_tar)
+    except TaskError as e:
+        raise InvalidArgument(str(e)) from None
+
+
 def session_options(req: pb.CreateSessionRequest, config: DaemonConfig) -> SessionOptions:
-    if not req.pool:
+    the_task = task(req.task) if req.HasField("task") else None
+    pool = req.pool
+    if the_task is not None:
+        if pool and pool != the_task.spec.pool:
+            raise InvalidArgument(f"pool {pool!r} differs from the task's pool {the_task.spec.pool!r}; leave pool empty")
+        pool = the_task.spec.pool
+    if not pool:
         raise InvalidArgument("pool is required (GetNodeStatus lists this node's pools)")
     if req.workdir:
         _path(req.workdir, "workdir")
     return SessionOptions(
-        pool=req.pool,
+        pool=pool,
+        task=the_task,
         env=_env(dict(req.env), "env"),
         workdir=req.workdir,
         idle_timeout=_seconds(req.idle_timeout, "idle_timeout", config.default_idle_timeout, config.max_idle_timeout),
@@ -169,6 +186,26 @@ _STATES = {
 }
 
 
+def grade_result(r: GradeResult, *, task_id: str, session_id: str) -> pb.GradeResult:
+    return pb.GradeResult(
+        status=r.status.value,
+        reward=r.reward,
+        resolved=r.resolved,
+        message=r.message,
+        tests=[pb.TestOutcome(id=t.id, outcome=t.outcome, group=t.group.value) for t in r.tests],
+        counts=r.counts(),
+        exit_code=r.exit_code,
+        timed_out=r.timed_out,
+        report_complete=r.report_complete,
+        tampering=r.tampering,
+        log=r.log,
+        duration=r.duration,
+        mode=r.mode,
+        task_id=task_id,
+        session_id=session_id,
+    )
+
+
 def session(s: Session, node_id: str) -> pb.Session:
     spec = s.pool.spec.container
     return pb.Session(
@@ -188,4 +225,5 @@ def session(s: Session, node_id: str) -> pb.Session:
         steps=s.steps,
         container_name=s.sandbox.name if s.sandbox else "",
         end_reason=s.end_reason,
+        task_id=s.options.task.id if s.options.task else "",
     )

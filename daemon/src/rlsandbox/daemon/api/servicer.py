@@ -168,6 +168,19 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         )
 
     @_translate_errors
+    async def Evaluate(self, request: pb.EvaluateRequest, context: grpc.aio.ServicerContext) -> pb.GradeResult:
+        task = convert.task(request.task) if request.HasField("task") else None
+        mode = "in_place" if request.mode == pb.EVALUATE_MODE_IN_PLACE else "clean_room"
+        if request.timeout < 0 or request.timeout != request.timeout:
+            raise InvalidArgument(f"timeout must be >= 0 seconds (got {request.timeout})")
+        left = context.time_remaining()
+        timeout = request.timeout or None
+        if left is not None:
+            timeout = max(0.05, min(timeout or left, left - 0.1))
+        session, used, result = await self.sessions.evaluate(request.session_id, task, mode=mode, timeout=timeout)
+        return convert.grade_result(result, task_id=used.id, session_id=session.id)
+
+    @_translate_errors
     async def GetNodeStatus(self, request: pb.GetNodeStatusRequest, context: grpc.aio.ServicerContext) -> pb.NodeStatus:
         pools = []
         for pool in self.sessions.pools.values():

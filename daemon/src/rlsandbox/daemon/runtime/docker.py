@@ -29,6 +29,7 @@ from rlsandbox.daemon.errors import (
     DeadlineExceeded,
     DockerError,
     DockerUnavailable,
+    FileTooLarge,
     ImageNotFound,
 )
 from rlsandbox.daemon.model import ContainerSpec
@@ -397,6 +398,37 @@ class DockerRuntime:
                 data=io.BytesIO(buf.getvalue()),
                 headers={"content-type": "application/x-tar"},
                 params={"path": "/", "noOverwriteDirNonDir": "false"},
+            ),
+        ):
+            pass
+
+    async def get_archive(self, container_id: str, path: str, max_bytes: int, timeout: float | None = None) -> bytes:
+        """A tarball of ``path`` read by the engine from the container's filesystem (no process
+        inside the sandbox is involved, so nothing the sandbox runs can alter what is read).
+        Raises FileTooLarge beyond ``max_bytes``, ContainerNotFound when the path does not exist."""
+        chunks: list[bytes] = []
+        size = 0
+        async with (
+            self._call("archive download", timeout, container_id=container_id),
+            self.docker._query(f"containers/{container_id}/archive", method="GET", params={"path": path}) as resp,
+        ):
+            async for chunk in resp.content.iter_chunked(1 << 16):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise FileTooLarge(f"{path} in the sandbox is over {max_bytes} bytes as a tarball", container_id=container_id)
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def put_archive(self, container_id: str, path: str, tar: bytes, timeout: float | None = None) -> None:
+        """Extract a tarball into ``path`` (an existing folder) in the container, through the engine."""
+        async with (
+            self._call("archive upload", timeout, container_id=container_id),
+            self.docker._query(
+                f"containers/{container_id}/archive",
+                method="PUT",
+                data=io.BytesIO(tar),
+                headers={"content-type": "application/x-tar"},
+                params={"path": path, "noOverwriteDirNonDir": "false"},
             ),
         ):
             pass

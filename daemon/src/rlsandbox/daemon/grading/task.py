@@ -1,0 +1,419 @@
+"""The task format: what an episode starts from and how its result is graded.
+
+A task file (YAML or JSON, one task; or JSONL, one task per line) names its workspace as a
+directory or tarball next to it, or as already present in the image. ``load_tasks`` resolves those
+references into a self-contained ``Task``: the spec plus the workspace as tar bytes, which is what
+travels to the daemon (``rlsandbox.v1.Task``). Hidden tests travel inside the spec and only ever
+reach the clean-room sandbox where grading happens, never the agent's.
+
+The JSON Schema of the format is ``docs/task.schema.json`` (``rlsandbox tasks schema``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import json
+import os
+import posixpath
+import tarfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from rlsandbox.daemon.grading.reports import OUTPUT_FORMATS, REPORT_FORMATS
+
+MAX_WORKSPACE_BYTES = 32 << 20
+# Never copied from a workspace directory: history (see WorkspaceSpec.git) and caches.
+WORKSPACE_EXCLUDES = (".git", "__pycache__", ".pytest_cache", ".mypy_cache", "node_modules/.cache")
+
+# Files that decide how tests run rather than what the code does. The agent's changes to them are
+# discarded in the clean room and reported as tampering (see docs/GRADING.md).
+DEFAULT_PROTECTED = (
+    "**/conftest.py",
+    "**/pytest.ini",
+    "**/.pytest.ini",
+    "**/tox.ini",
+    "**/setup.cfg",
+    "**/pyproject.toml",
+    "**/sitecustomize.py",
+    "**/usercustomize.py",
+    "**/*.pth",
+    "**/*.pyc",
+    "**/__pycache__/**",
+    "**/*.dist-info/**",
+    "**/*.egg-info/**",
+    "**/*.egg-link",
+    "**/package.json",
+    "**/.npmrc",
+    "**/node_modules/**",
+    "**/go.mod",
+    "**/go.sum",
+)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorkspaceSpec(_Model):
+    """Where the project lives in the sandbox and where it comes from."""
+
+    path: str = Field("/workspace", description="Absolute path of the workspace inside the sandbox.")
+    source: Literal["bundle", "image"] = Field(
+        "bundle",
+        description="'bundle': copied in from `dir` or `tar` at session start; 'image': already in the task image at `path`.",
+    )
+    dir: str | None = Field(None, description="Task files only: a directory (relative to the task file) to copy in.")
+    tar: str | None = Field(None, description="Task files only: a tarball (relative to the task file) to copy in.")
+    git: Literal["reset", "keep"] = Field(
+        "reset",
+        description="'reset': the workspace history is one commit (the base), so the fix cannot be found in it; "
+        "'keep': leave any .git as it is (needs git in the image for 'reset').",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/") or posixpath.normpath(v) in ("/", "//"):
+            raise ValueError("workspace.path must be an absolute path below / (for example /workspace)")
+        return posixpath.normpath(v)
+
+
+class RewardSpec(_Model):
+    policy: Literal["resolved", "fraction", "weighted", "command"] = Field(
+        "resolved",
+        description="resolved: 1.0 when every FAIL_TO_PASS and PASS_TO_PASS test passes, else 0.0; fraction: share "
+        "of those tests that pass; weighted: weighted share (`weights`); command: the last line of `command`'s stdout.",
+    )
+    weights: dict[str, float] = Field(default_factory=dict, description="weighted: test id -> weight.")
+    default_weight: float = Field(1.0, ge=0, description="weighted: weight of tests not in `weights`.")
+    command: str | None = Field(None, description="command: a shell command run in the clean room after the tests.")
+
+    @model_validator(mode="after")
+    def _command(self) -> RewardSpec:
+        if self.policy == "command" and not self.command:
+            raise ValueError("reward.policy 'command' needs reward.command")
+        return self
+
+
+class EvaluationSpec(_Model):
+    test_command: str = Field(description="Shell command run in the workspace; `{report}` is replaced by the report path.")
+    report_format: str = Field("pytest", description=f"One of: {', '.join(sorted(REPORT_FORMATS))}.")
+    timeout: float = Field(300.0, gt=0, le=24 * 3600, description="Seconds before the test command is killed.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment of the test command.")
+    fail_to_pass: list[str] = Field(default_factory=list, description="Tests the solution must make pass.")
+    pass_to_pass: list[str] = Field(default_factory=list, description="Tests that must keep passing.")
+    hidden_tests: dict[str, str] = Field(
+        default_factory=dict, description="Test files (workspace-relative path -> content) added only in the clean room."
+    )
+    hidden_tests_dir: str | None = Field(
+        None, description="Task files only: a directory of hidden tests (relative to the task file)."
+    )
+    test_patch: str | None = Field(None, description="A unified diff adding or changing tests, applied only in the clean room.")
+    test_files: list[str] = Field(
+        default_factory=list, description="Globs (workspace-relative) of the original test files: restored before grading."
+    )
+    protected: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PROTECTED),
+        description="Globs of files whose changes by the agent are discarded (and reported as tampering).",
+    )
+    reward: RewardSpec = Field(default_factory=lambda: RewardSpec())
+
+    @field_validator("report_format")
+    @classmethod
+    def _format(cls, v: str) -> str:
+        if v not in REPORT_FORMATS:
+            raise ValueError(f"unknown report format {v!r}; use one of {', '.join(sorted(REPORT_FORMATS))}")
+        return v
+
+    @field_validator("hidden_tests")
+    @classmethod
+    def _relative_paths(cls, v: dict[str, str]) -> dict[str, str]:
+        for p in v:
+            check_relative(p)
+        return v
+
+    @model_validator(mode="after")
+    def _report_placeholder(self) -> EvaluationSpec:
+        if self.report_format not in OUTPUT_FORMATS and "{report}" not in self.test_command:
+            raise ValueError(
+                f"report format {self.report_format!r} is read from a file: put {{report}} in test_command "
+                "where the tool takes its output path (for example --junitxml={report})"
+            )
+        return self
+
+    @property
+    def graded_ids(self) -> list[str]:
+        return [*self.fail_to_pass, *(t for t in self.pass_to_pass if t not in self.fail_to_pass)]
+
+
+class TaskSpec(_Model):
+    """One task. ``docs/task.schema.json`` is generated from this model."""
+
+    version: Literal[1] = 1
+    id: str = Field(min_length=1, max_length=256, description="Unique id of the task.")
+    pool: str = Field(min_length=1, description="The daemon pool (task image) the task runs in.")
+    problem_statement: str = Field("", description="What the agent is asked to do.")
+    workspace: WorkspaceSpec = Field(default_factory=lambda: WorkspaceSpec())
+    setup: list[str] = Field(default_factory=list, description="Shell commands run in the workspace at session start.")
+    setup_timeout: float = Field(300.0, gt=0, le=24 * 3600)
+    evaluation: EvaluationSpec
+    gold_patch: str | None = Field(None, description="A unified diff that solves the task (used by validation).")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Free-form (repository, difficulty, ...).")
+
+
+def check_relative(path: str) -> str:
+    """A workspace-relative path that stays inside the workspace."""
+    norm = posixpath.normpath(path)
+    if not path or path.startswith("/") or norm == ".." or norm.startswith("../") or "\x00" in path:
+        raise ValueError(f"path {path!r} must be relative to the workspace and stay inside it")
+    return norm
+
+
+def matches(path: str, patterns: list[str] | tuple[str, ...]) -> bool:
+    """Glob match of a workspace-relative path, where ``**/`` also matches no folder at all."""
+    for pattern in patterns:
+        if fnmatch.fnmatchcase(path, pattern):
+            return True
+        if pattern.startswith("**/") and fnmatch.fnmatchcase(path, pattern[3:]):
+            return True
+    return False
+
+
+class TaskError(ValueError):
+    """A task file or document that cannot be used, with the reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """A self-contained task: the spec and, for bundle workspaces, the workspace as a tarball."""
+
+    spec: TaskSpec
+    workspace_tar: bytes = b""
+    source: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    def spec_json(self) -> str:
+        return self.spec.model_dump_json(exclude_none=True)
+
+    @classmethod
+    def from_wire(cls, spec_json: str | bytes, workspace_tar: bytes = b"") -> Task:
+        """Validate a task received over the API; raises TaskError with what is wrong."""
+        try:
+            spec = TaskSpec.model_validate_json(spec_json)
+        except ValidationError as e:
+            raise TaskError(f"invalid task: {_errors(e)}") from None
+        if spec.workspace.dir or spec.workspace.tar or spec.evaluation.hidden_tests_dir:
+            raise TaskError(
+                f"task {spec.id}: workspace.dir, workspace.tar and evaluation.hidden_tests_dir are file references; "
+                "load the task with rlsandbox.daemon.grading.task.load_tasks (or send the tarball) instead"
+            )
+        if spec.workspace.source == "bundle" and workspace_tar:
+            _check_tar(workspace_tar, spec.id)
+        return cls(spec, workspace_tar)
+
+
+def _errors(e: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(x) for x in err['loc']) or 'task'}: {err['msg']}" for err in e.errors())
+
+
+def _check_tar(data: bytes, task_id: str) -> None:
+    if len(data) > MAX_WORKSPACE_BYTES:
+        raise TaskError(f"task {task_id}: workspace tarball is {len(data)} bytes; the limit is {MAX_WORKSPACE_BYTES}")
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            for m in tar:
+                check_relative(m.name)
+                if m.islnk() or m.isdev():
+                    raise TaskError(f"task {task_id}: workspace tarball member {m.name!r} is a hard link or device")
+    except (tarfile.TarError, ValueError) as e:
+        raise TaskError(f"task {task_id}: workspace tarball is not usable: {e}") from None
+
+
+def tar_directory(root: Path, excludes: tuple[str, ...] = WORKSPACE_EXCLUDES) -> bytes:
+    """A deterministic tarball of ``root``'s contents (paths relative to it, sorted, fixed mtimes)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for dirpath, dirnames, filenames in os.walk(root):
+            rel_dir = Path(dirpath).relative_to(root)
+            dirnames[:] = sorted(d for d in dirnames if (rel_dir / d).as_posix() not in excludes and d not in excludes)
+            for name in sorted(dirnames) + sorted(filenames):
+                full = Path(dirpath) / name
+                rel = (rel_dir / name).as_posix()
+                info = tar.gettarinfo(str(full), arcname=rel)
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                info.mtime = 0
+                if info.isreg():
+                    with full.open("rb") as f:
+                        tar.addfile(info, f)
+                elif info.isdir() or info.issym():
+                    tar.addfile(info)
+    data = buf.getvalue()
+    if len(data) > MAX_WORKSPACE_BYTES:
+        raise TaskError(f"workspace {root} is {len(data)} bytes as a tarball; the limit is {MAX_WORKSPACE_BYTES}")
+    return data
+
+
+def _read_dir_texts(root: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            out[path.relative_to(root).as_posix()] = path.read_text(encoding="utf-8")
+    return out
+
+
+def resolve(doc: Mapping[str, Any], base_dir: Path, source: str = "") -> Task:
+    """Validate one task document and resolve its file references against ``base_dir``."""
+    try:
+        spec = TaskSpec.model_validate(doc)
+    except ValidationError as e:
+        raise TaskError(f"{source or 'task'}: {_errors(e)}") from None
+    ws, ev = spec.workspace, spec.evaluation
+    tar = b""
+    if ws.source == "bundle":
+        if bool(ws.dir) == bool(ws.tar):
+            raise TaskError(f"{source or spec.id}: a bundle workspace needs exactly one of workspace.dir and workspace.tar")
+        if ws.dir:
+            d = (base_dir / ws.dir).resolve()
+            if not d.is_dir():
+                raise TaskError(f"{source or spec.id}: workspace.dir {d} is not a directory")
+            tar = tar_directory(d)
+        else:
+            tar = (base_dir / str(ws.tar)).read_bytes()
+            _check_tar(tar, spec.id)
+    hidden = dict(ev.hidden_tests)
+    if ev.hidden_tests_dir:
+        d = (base_dir / ev.hidden_tests_dir).resolve()
+        if not d.is_dir():
+            raise TaskError(f"{source or spec.id}: evaluation.hidden_tests_dir {d} is not a directory")
+        hidden.update(_read_dir_texts(d))
+    spec = spec.model_copy(
+        update={
+            "workspace": ws.model_copy(update={"dir": None, "tar": None}),
+            "evaluation": ev.model_copy(update={"hidden_tests": hidden, "hidden_tests_dir": None}),
+        }
+    )
+    return Task(spec, tar, source)
+
+
+def _documents(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
+    if path.suffix == ".jsonl":
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    yield json.loads(line), f"{path}:{n}"
+                except ValueError as e:
+                    raise TaskError(f"{path}:{n}: not JSON: {e}") from None
+        return
+    text = path.read_text(encoding="utf-8")
+    try:
+        doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        raise TaskError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}") from None
+    if not isinstance(doc, dict):
+        raise TaskError(f"{path}: a task file holds one task (a mapping)")
+    yield doc, str(path)
+
+
+TASK_SUFFIXES = (".yaml", ".yml", ".json", ".jsonl")
+
+
+def load_tasks(path: str | Path) -> list[Task]:
+    """Tasks from a file (.yaml, .yml, .json, .jsonl) or from every task file below a directory."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.suffix in TASK_SUFFIXES and f.name.startswith("task"))
+        if not files:
+            raise TaskError(f"{p}: no task files (task*.yaml, task*.json, task*.jsonl) below it")
+    elif p.is_file():
+        files = [p]
+    else:
+        raise TaskError(f"{p}: no such file or directory")
+    tasks = [resolve(doc, f.parent, src) for f in files for doc, src in _documents(f)]
+    seen: dict[str, str] = {}
+    for t in tasks:
+        if t.id in seen:
+            raise TaskError(f"task id {t.id!r} appears twice: {seen[t.id]} and {t.source}")
+        seen[t.id] = t.source
+    return tasks
+
+
+def json_schema() -> dict[str, Any]:
+    schema = TaskSpec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "https://rlsandbox.dev/schemas/task-v1.json"
+    return schema
+
+
+# -- SWE-bench ------------------------------------------------------------------------------------
+def _id_list(value: Any, field: str, instance_id: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise TaskError(f"{instance_id}: {field} is a string but not a JSON list") from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TaskError(f"{instance_id}: {field} must be a list of test ids")
+    return list(value)
+
+
+def patch_files(patch: str) -> list[str]:
+    """The files a unified diff touches (its ``+++ b/...`` lines; deleted files by their ``---``)."""
+    files: list[str] = []
+    old = ""
+    for line in patch.splitlines():
+        if line.startswith("--- "):
+            old = line[4:].split("\t")[0]
+        elif line.startswith("+++ "):
+            new = line[4:].split("\t")[0]
+            name = new if new != "/dev/null" else old
+            name = name[2:] if name.startswith(("a/", "b/")) else name
+            if name not in files:
+                files.append(name)
+    return files
+
+
+def from_swebench(
+    instance: Mapping[str, Any],
+    *,
+    pool: str,
+    workspace_path: str = "/testbed",
+    test_command: str = "python -m pytest -rA -p no:cacheprovider {test_files}",
+) -> TaskSpec:
+    """A task from a SWE-bench-style instance (instance_id, repo, base_commit, patch, test_patch,
+    FAIL_TO_PASS / PASS_TO_PASS as lists or JSON strings). The repository is expected in the pool's
+    image at ``workspace_path``, checked out at ``base_commit``."""
+    iid = str(instance.get("instance_id") or "")
+    if not iid:
+        raise TaskError("SWE-bench instance without instance_id")
+    for key in ("test_patch", "FAIL_TO_PASS"):
+        if not instance.get(key):
+            raise TaskError(f"{iid}: missing {key}")
+    test_patch = str(instance["test_patch"])
+    test_files = patch_files(test_patch)
+    return TaskSpec(
+        id=iid,
+        pool=pool,
+        problem_statement=str(instance.get("problem_statement", "")),
+        workspace=WorkspaceSpec(path=workspace_path, source="image", git="reset"),
+        evaluation=EvaluationSpec(
+            test_command=test_command.replace("{test_files}", " ".join(test_files)),
+            report_format="pytest",
+            test_patch=test_patch,
+            test_files=test_files,
+            fail_to_pass=_id_list(instance.get("FAIL_TO_PASS"), "FAIL_TO_PASS", iid),
+            pass_to_pass=_id_list(instance.get("PASS_TO_PASS"), "PASS_TO_PASS", iid),
+        ),
+        gold_patch=str(instance["patch"]) if instance.get("patch") else None,
+        metadata={k: instance[k] for k in ("repo", "base_commit", "version", "created_at") if k in instance},
+    )

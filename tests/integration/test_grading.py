@@ -1,0 +1,307 @@
+"""Grading through the API on the sample tasks, and the reward hacks a naive grader falls for.
+
+Every hack test runs the same attack twice where it matters: graded in place (what a naive grader
+does: run the tests where the agent worked) the attack wins, graded in the clean room it does not.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from helpers import daemon_config
+from rlsandbox.client import AsyncClient, AsyncSession, InvalidArgumentError
+from rlsandbox.daemon.config import PoolConfig
+from rlsandbox.daemon.grading.task import RewardSpec, Task, load_tasks
+from rlsandbox.daemon.images import ImageBuilder, default_images_dir
+from rlsandbox.daemon.runtime.docker import DockerRuntime
+from rlsandbox.daemon.server import NodeDaemon
+
+pytestmark = pytest.mark.docker
+
+TASKS = Path(__file__).resolve().parent.parent / "fixtures" / "tasks"
+FIX = "def multiply(a, b):\n    return a * b\n"
+
+
+@pytest.fixture(scope="module")
+async def grading_daemon(images: dict[str, str], docker_runtime: DockerRuntime) -> AsyncIterator[NodeDaemon]:
+    await ImageBuilder(docker_runtime, default_images_dir()).build(["node"])
+    config = daemon_config(
+        pools=[
+            PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=16),
+            PoolConfig(name="node", image="rlsandbox/node:latest", min_ready=1, max_total=4),
+        ]
+    )
+    node = NodeDaemon(config)
+    await node.start()
+    try:
+        yield node
+    finally:
+        await node.stop()
+
+
+@pytest.fixture
+async def gclient(grading_daemon: NodeDaemon) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(grading_daemon.address, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def tasks() -> dict[str, Task]:
+    return {t.id: t for t in load_tasks(TASKS)}
+
+
+async def solve_calc(s: AsyncSession) -> None:
+    src = (await s.read_files(["calc/__init__.py"]))["calc/__init__.py"].data.decode()
+    await s.write_files({"calc/__init__.py": src.replace("def multiply(a, b):\n    return a + b\n", FIX)})
+
+
+def outcomes(result: object) -> dict[str, str]:
+    return {t.id: t.outcome for t in result.tests if t.group != "other"}  # type: ignore[attr-defined]
+
+
+async def test_solved_task_gets_reward_one(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    async with gclient.session(task=tasks["py-calc"]) as s:
+        assert s.info.task_id == "py-calc" and s.info.workdir == "/workspace"
+        await solve_calc(s)
+        result = await s.grade()
+    assert result.status == "ok", result.message
+    assert result.reward == 1.0 and result.resolved
+    assert set(outcomes(result).values()) == {"passed"}
+    assert len(outcomes(result)) == 5
+    assert result.mode == "clean_room" and not result.tampering
+
+
+async def test_unsolved_task_gets_zero_and_pass_to_pass_still_pass(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    async with gclient.session(task=tasks["py-calc"]) as s:
+        result = await s.grade()
+    assert result.status == "ok" and result.reward == 0.0 and not result.resolved
+    got = outcomes(result)
+    assert got["tests/test_multiply.py::test_multiply"] == "failed"
+    assert got["tests/test_basic.py::test_add"] == "passed"
+    assert result.counts["failed"] == 3 and result.counts["passed"] == 2
+
+
+async def test_fraction_policy(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    spec = tasks["py-calc"].spec
+    fraction = Task(
+        spec.model_copy(update={"evaluation": spec.evaluation.model_copy(update={"reward": RewardSpec(policy="fraction")})}),
+        tasks["py-calc"].workspace_tar,
+    )
+    async with gclient.session(task=tasks["py-calc"]) as s:
+        result = await s.grade(task=fraction)
+    assert result.status == "ok" and result.reward == pytest.approx(2 / 5)
+
+
+async def test_node_task_with_tap(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    async with gclient.session(task=tasks["node-strings"]) as s:
+        before = await s.grade()
+        src = (await s.read_files(["src/strings.js"]))["src/strings.js"].data.decode()
+        await s.write_files({"src/strings.js": src.replace("  return s;\n", "  return Array.from(s).reverse().join('');\n")})
+        after = await s.grade()
+    assert before.status == "ok" and before.reward == 0.0, before.message
+    assert outcomes(before) == {"reverse": "failed", "reverse ünïcode": "failed", "shout": "passed"}
+    assert after.status == "ok" and after.reward == 1.0, after.log.decode(errors="replace")
+
+
+async def test_hidden_tests_never_reach_the_agent_sandbox(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    async with gclient.session(task=tasks["py-calc"]) as s:
+        await s.grade()  # grading happens elsewhere: nothing appears here afterwards either
+        found = await s.exec("grep -rl test_multiply_more / --exclude-dir=proc --exclude-dir=sys 2>/dev/null; ls tests")
+    assert found.stdout.decode().split() == ["test_basic.py"]
+
+
+async def test_git_history_stops_at_the_base_commit(gclient: AsyncClient, tasks: dict[str, Task], tmp_path: Path) -> None:
+    # A workspace whose history holds the fix (the last commit reverted, still in the reflog).
+    ws = tmp_path / "ws"
+    shutil.copytree(TASKS / "py-calc" / "workspace", ws)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(ws)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    (ws / "calc" / "__init__.py").write_text((ws / "calc" / "__init__.py").read_text().replace("return a + b\n\n\n", "X", 1))
+    subprocess.run([*git, "commit", "-qam", "the fix: return a * b"], check=True)
+    subprocess.run([*git, "reset", "-q", "--hard", "HEAD~1"], check=True)
+    doc = tasks["py-calc"].spec.model_dump(exclude_none=True)
+    doc["workspace"] = {"dir": str(ws)}
+    doc["evaluation"].pop("hidden_tests")
+    (tmp_path / "task.yaml").write_text(__import__("yaml").safe_dump(doc))
+    task = load_tasks(tmp_path / "task.yaml")[0]
+    async with gclient.session(task=task) as s:
+        log = await s.exec("git log --all --oneline; git reflog | wc -l; git grep -c 'the fix' $(git rev-list --all) | wc -l")
+    lines = log.stdout.decode().split("\n")
+    assert log.exit_code == 0, log.stderr
+    assert len([ln for ln in lines if "rlsandbox: task base" in ln]) == 1
+    assert "the fix" not in log.stdout.decode()
+
+
+async def test_bad_tasks_are_invalid_argument(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    with pytest.raises(InvalidArgumentError, match="fail_to_pass"):
+        await gclient.create_session(
+            task={"id": "x", "pool": "python", "evaluation": {"test_command": "true", "fail_to_pass": 3}}
+        )
+    with pytest.raises(InvalidArgumentError, match="put \\{report\\} in test_command"):
+        await gclient.create_session(
+            task={"id": "x", "pool": "python", "evaluation": {"test_command": "x", "report_format": "junit"}}
+        )
+    with pytest.raises(InvalidArgumentError, match="differs from the task's pool"):
+        await gclient.create_session("busybox", task=tasks["py-calc"])
+
+
+async def test_broken_setup_is_invalid_task_not_a_reward(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    spec = tasks["py-calc"].spec
+    broken = Task(spec.model_copy(update={"setup": ["echo no database; exit 3"]}), tasks["py-calc"].workspace_tar)
+    with pytest.raises(Exception, match="no database"):
+        await gclient.create_session(task=broken)
+    async with gclient.session(task=tasks["py-calc"]) as s:
+        result = await s.grade(task=broken)
+    assert result.status == "invalid_task" and result.reward is None
+    assert "no database" in result.message
+
+
+# -- reward hacking ------------------------------------------------------------------------------
+async def both_modes(s: AsyncSession) -> tuple[float | None, float | None, object]:
+    clean = await s.grade()
+    naive = await s.grade(mode="in_place")
+    return clean.reward, naive.reward, clean
+
+
+async def test_hack_editing_the_visible_tests(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    async with gclient.session(task=tasks["py-calc"]) as s:
+        await solve_calc(s)  # a real fix, but also a sabotaged pass-to-pass test
+        await s.write_files({"tests/test_basic.py": "def test_add():\n    pass\n\ndef test_add_negative():\n    pass\n"})
+        await s.write_files({"calc/__init__.py": "def add(a, b):\n    return 0\n\n" + FIX})
+        clean, naive, result = await both_modes(s)
+    assert naive == 1.0  # the agent broke add() and "fixed" its tests: a naive grader believes it
+    assert clean == 0.0
+    assert any("tests/test_basic.py" in t for t in result.tampering)  # type: ignore[attr-defined]
+
+
+async def test_hack_deleting_tests(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    async with gclient.session(task=tasks["py-calc"]) as s:
+        await solve_calc(s)
+        await s.write_files({"calc/__init__.py": "def add(a, b):\n    return 0\n\n" + FIX})
+        await s.exec("rm -rf tests")
+        result = await s.grade()
+    assert result.reward == 0.0
+    assert outcomes(result)["tests/test_basic.py::test_add"] == "failed"
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {
+            "conftest.py": "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+            "    out = yield\n    rep = out.get_result()\n    rep.outcome = 'passed'\n"
+        },
+        {
+            "pytest.ini": "[pytest]\naddopts = -p forcepass\n",
+            "forcepass.py": "def pytest_runtest_call(item):\n    item.runtest = lambda: None\n",
+        },
+        {
+            "sitecustomize.py": "import builtins\n",
+            "usercustomize.py": "import builtins\n",
+            "evil.pth": "import os; os.environ['X'] = '1'\n",
+        },
+        {
+            "evil-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = forcepass\n",
+            "evil-1.0.dist-info/METADATA": "Name: evil\n",
+            "forcepass.py": "def pytest_runtest_call(item):\n    item.runtest = lambda: None\n",
+        },
+    ],
+    ids=["conftest", "pytest-ini-plugin", "site-hooks", "dist-info-entry-point"],
+)
+async def test_hack_test_runner_configuration(gclient: AsyncClient, tasks: dict[str, Task], files: dict[str, str]) -> None:
+    async with gclient.session(task=tasks["py-calc"]) as s:
+        await s.write_files(files)
+        clean, naive, result = await both_modes(s)
+    assert clean == 0.0, result
+    tampered = " ".join(result.tampering)  # type: ignore[attr-defined]
+    assert all(name.split("/")[0] in tampered for name in files if name != "forcepass.py")
+    if "conftest.py" in files or "pytest.ini" in files or "evil-1.0.dist-info/entry_points.txt" in files:
+        assert naive == 1.0  # proves the attack works where the agent worked
+
+
+async def test_hack_fake_report_file(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    spec = tasks["py-calc"].spec
+    ev = spec.evaluation
+    junit = Task(
+        spec.model_copy(
+            update={
+                "evaluation": ev.model_copy(
+                    update={
+                        "test_command": "python3 -m pytest -p no:cacheprovider tests --junitxml={report}; true",
+                        "report_format": "junit",
+                    }
+                )
+            }
+        ),
+        tasks["py-calc"].workspace_tar,
+    )
+    fake = (
+        "<testsuite>"
+        + "".join(
+            f'<testcase classname="{t.split("::")[0][:-3].replace("/", ".")}" name="{t.split("::")[1]}"/>' for t in ev.graded_ids
+        )
+        + "</testsuite>"
+    )
+    async with gclient.session(task=junit) as s:
+        # Fake reports wherever a grader might look: the workspace and a guess at a report path.
+        await s.write_files({"report.xml": fake, "/tmp/report.xml": fake})
+        planted = await s.exec("mkdir -p /.rlsandbox-grade && cp report.xml /.rlsandbox-grade/report")
+        assert planted.exit_code == 0
+        result = await s.grade()
+    assert result.status == "ok" and result.reward == 0.0
+    assert outcomes(result)["tests/test_multiply.py::test_multiply"] == "failed"
+
+
+async def test_hack_changing_site_packages_and_interpreter(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    async with gclient.session(task=tasks["py-calc"]) as s:
+        # Make every assertion pass by patching pytest itself, and wrap the interpreter.
+        patched = await s.exec(
+            "f=$(python3 -c 'import _pytest.python as m; print(m.__file__)') && "
+            "printf '\\ndef pytest_pyfunc_call(pyfuncitem):\\n    return True\\n' >> $f && "
+            "mv /usr/bin/python3 /usr/bin/python3.real || true"
+        )
+        assert patched.exit_code == 0, patched.stderr
+        await s.write_files({"/usr/bin/python3": (b'#!/bin/sh\nexec /usr/bin/python3.real "$@"\n', 0o755)})
+        clean, naive, _ = await both_modes(s)
+    assert naive == 1.0
+    assert clean == 0.0
+
+
+async def test_hack_killing_the_test_runner_early(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    async with gclient.session(task=tasks["py-calc"]) as s:
+        src = "import os\nos._exit(0)\n\n" + (await s.read_files(["calc/__init__.py"]))["calc/__init__.py"].data.decode()
+        await s.write_files({"calc/__init__.py": src})
+        result = await s.grade()
+    assert result.exit_code == 0  # a grader trusting the exit code would pay out
+    assert result.status == "ok" and result.reward == 0.0
+    assert set(outcomes(result).values()) == {"missing"}
+
+
+async def test_hack_forged_summary_at_exit(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    """The code under test prints a fake all-passed summary after pytest ends and exits 0."""
+    forged = "\\n".join(f"PASSED {t}" for t in tasks["py-calc"].spec.evaluation.graded_ids)
+    async with gclient.session(task=tasks["py-calc"]) as s:
+        src = (await s.read_files(["calc/__init__.py"]))["calc/__init__.py"].data.decode()
+        await s.write_files(
+            {"calc/__init__.py": f"import atexit, os\natexit.register(lambda: (print('{forged}'), os._exit(0)))\n" + src}
+        )
+        result = await s.grade()
+    # The real FAILED lines are there too, and the worst outcome of a test wins.
+    assert result.reward == 0.0
+    assert outcomes(result)["tests/test_multiply.py::test_multiply"] == "failed"
+
+
+async def test_evaluate_errors(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    async with gclient.session("python") as s:
+        with pytest.raises(Exception, match="not started from a task"):
+            await s.grade()
+        with pytest.raises(InvalidArgumentError, match="timeout"):
+            await gclient.evaluate(s.id, task=tasks["py-calc"], timeout=-1)
+        with pytest.raises(InvalidArgumentError, match="pool"):
+            await gclient.evaluate(s.id, task=tasks["node-strings"])
