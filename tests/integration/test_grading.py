@@ -6,8 +6,11 @@ does: run the tests where the agent worked) the attack wins, graded in the clean
 
 from __future__ import annotations
 
+import asyncio
+import json
 import shutil
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from helpers import daemon_config
 from rlsandbox.client import AsyncClient, AsyncSession, InvalidArgumentError
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.grading.task import RewardSpec, Task, load_tasks
+from rlsandbox.daemon.grading.validate import summary_table, validate, write_cleaned
 from rlsandbox.daemon.images import ImageBuilder, default_images_dir
 from rlsandbox.daemon.runtime.docker import DockerRuntime
 from rlsandbox.daemon.server import NodeDaemon
@@ -305,3 +309,48 @@ async def test_evaluate_errors(gclient: AsyncClient, tasks: dict[str, Task]) -> 
             await gclient.evaluate(s.id, task=tasks["py-calc"], timeout=-1)
         with pytest.raises(InvalidArgumentError, match="pool"):
             await gclient.evaluate(s.id, task=tasks["node-strings"])
+
+
+# -- validation ----------------------------------------------------------------------------------
+async def test_validation_accepts_good_tasks_and_rejects_broken_ones(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    chosen = [tasks["py-calc"], tasks["node-strings"], tasks["py-broken"]]
+    report = await validate(gclient, chosen, runs=2, concurrency=4)
+    verdicts = {v.task_id: v for v in report.tasks}
+    assert verdicts["py-calc"].verdict == "valid", verdicts["py-calc"].problems
+    assert verdicts["node-strings"].verdict == "valid", verdicts["node-strings"].problems
+    assert verdicts["py-broken"].verdict == "gold_fails"
+    assert "tests/test_area.py::test_square" in verdicts["py-broken"].problems[0]
+    assert all(v.infra_errors == 0 and v.runs == 4 for v in report.tasks)
+    assert "py-broken" in summary_table(report)
+
+
+async def test_validation_finds_the_flaky_test(gclient: AsyncClient, tasks: dict[str, Task], tmp_path: Path) -> None:
+    # test_flaky fails half the time: 6 runs per patch miss it with probability 2 / 2**12.
+    flagged = await validate(gclient, [tasks["py-flaky"]], runs=6, concurrency=6)
+    assert flagged.tasks[0].verdict == "flaky"
+    assert flagged.tasks[0].flaky_tests == ["tests/test_greet.py::test_flaky"]
+    cleaned = flagged
+    excluded = await validate(gclient, [tasks["py-flaky"]], runs=6, concurrency=6, exclude_flaky=True)
+    v = excluded.tasks[0]
+    assert v.verdict == "valid", v.problems
+    assert v.kept_pass_to_pass == ["tests/test_greet.py::test_stable"]
+    assert write_cleaned([tasks["py-flaky"]], excluded, tmp_path / "clean") == 1
+    assert write_cleaned([tasks["py-flaky"]], cleaned, tmp_path / "none") == 0
+    reloaded = load_tasks(tmp_path / "clean")[0]
+    assert reloaded.spec.evaluation.pass_to_pass == ["tests/test_greet.py::test_stable"]
+    assert reloaded.workspace_tar == tasks["py-flaky"].workspace_tar
+
+
+async def test_validate_command_line(grading_daemon: NodeDaemon, tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rlsandbox.daemon.cli", "tasks", "validate", str(TASKS / "py-calc" / "task.yaml"),
+        "--runs", "1", "--target", grading_daemon.address, "--report", str(tmp_path / "r.json"), "--out", str(tmp_path / "out"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert "py-calc" in out.decode() and "valid" in out.decode()
+    assert "2/2 runs" in err.decode()  # the progress line
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["counts"]["valid"] == 1 and report["tasks"][0]["task_id"] == "py-calc"
+    assert (tmp_path / "out" / "py-calc" / "task.json").exists()

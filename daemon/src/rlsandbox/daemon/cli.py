@@ -59,9 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     lst.add_argument("--images-dir", type=Path, default=None)
     lst.set_defaults(handler=_images_list)
 
-    from rlsandbox.daemon import cli_serve
+    from rlsandbox.daemon import cli_serve, cli_tasks
 
     cli_serve.add_commands(sub)
+    cli_tasks.add_commands(sub)
     return parser
 
 

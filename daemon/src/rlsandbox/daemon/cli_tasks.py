@@ -1,0 +1,109 @@
+"""`rlsandbox tasks ...`: validate tasks through a daemon, print the task JSON Schema, import SWE-bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from rlsandbox.daemon.errors import InvalidArgument
+
+DEFAULT_TARGET = os.environ.get("RLSANDBOX_TARGET", "127.0.0.1:7420")
+
+
+async def _validate(args: argparse.Namespace) -> int:
+    from rlsandbox.client import AsyncClient
+    from rlsandbox.daemon.grading.task import TaskError, load_tasks
+    from rlsandbox.daemon.grading.validate import Progress, summary_table, validate, write_cleaned
+
+    try:
+        tasks = load_tasks(args.path)
+    except TaskError as e:
+        raise InvalidArgument(str(e)) from None
+    if args.runs < 1 or args.concurrency < 1:
+        raise InvalidArgument("--runs and --concurrency must be at least 1")
+    jobs = sum(args.runs * (2 if t.spec.gold_patch else 1) for t in tasks)
+    print(f"validating {len(tasks)} tasks, {args.runs} run(s) each, {jobs} gradings, through {args.target}", file=sys.stderr)
+    progress = Progress(jobs)
+    async with AsyncClient(args.target, timeout=120) as client:
+        report = await validate(
+            client,
+            tasks,
+            runs=args.runs,
+            concurrency=args.concurrency,
+            exclude_flaky=args.exclude_flaky,
+            progress=progress.update,
+        )
+    print(summary_table(report))
+    if args.report:
+        Path(args.report).write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
+        print(f"report: {args.report}")
+    if args.out:
+        n = write_cleaned(tasks, report, Path(args.out))
+        print(f"cleaned task set: {n} task(s) in {args.out}")
+    return 0 if all(v.usable for v in report.tasks) else 1
+
+
+async def _schema(args: argparse.Namespace) -> int:
+    from rlsandbox.daemon.grading.task import json_schema
+
+    text = json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+async def _import_swebench(args: argparse.Namespace) -> int:
+    from rlsandbox.daemon.grading.task import TaskError, from_swebench
+
+    src = Path(args.path)
+    lines = src.read_text(encoding="utf-8")
+    try:
+        docs = json.loads(lines) if src.suffix == ".json" else [json.loads(ln) for ln in lines.splitlines() if ln.strip()]
+    except ValueError as e:
+        raise InvalidArgument(f"{src}: not JSON or JSONL: {e}") from None
+    if isinstance(docs, dict):
+        docs = [docs]
+    out = sys.stdout if args.out in (None, "-") else open(args.out, "w", encoding="utf-8")  # noqa: SIM115 - stdout is not ours to close
+    try:
+        for doc in docs:
+            try:
+                spec = from_swebench(doc, pool=args.pool, workspace_path=args.workspace)
+            except TaskError as e:
+                raise InvalidArgument(str(e)) from None
+            out.write(spec.model_dump_json(exclude_none=True) + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    print(f"{len(docs)} task(s) imported", file=sys.stderr)
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    tasks = sub.add_parser("tasks", help="validate tasks, print the task schema, import SWE-bench instances")
+    tasks_sub = tasks.add_subparsers(dest="tasks_command", required=True)
+
+    v = tasks_sub.add_parser("validate", help="check every task through a daemon: empty patch fails, gold patch passes")
+    v.add_argument("path", help="a task file (.yaml, .json, .jsonl) or a folder of task*.yaml|json|jsonl files")
+    v.add_argument("--runs", type=int, default=3, help="runs per patch, to find flaky tests (default 3)")
+    v.add_argument("--concurrency", type=int, default=8, help="gradings at once (default 8)")
+    v.add_argument("--exclude-flaky", action="store_true", help="drop flaky tests from the lists instead of rejecting the task")
+    v.add_argument("--target", default=DEFAULT_TARGET, help=f"daemon address (default {DEFAULT_TARGET}, or $RLSANDBOX_TARGET)")
+    v.add_argument("--report", help="write the JSON report here")
+    v.add_argument("--out", help="write the cleaned task set (the valid tasks) into this folder")
+    v.set_defaults(handler=_validate)
+
+    sc = tasks_sub.add_parser("schema", help="print the JSON Schema of the task format")
+    sc.add_argument("--out", help="write it to this file instead")
+    sc.set_defaults(handler=_schema)
+
+    sw = tasks_sub.add_parser("import-swebench", help="convert SWE-bench instances (JSON or JSONL) to tasks (JSONL)")
+    sw.add_argument("path")
+    sw.add_argument("--pool", required=True, help="the pool whose image holds the repository at its base commit")
+    sw.add_argument("--workspace", default="/testbed", help="where the repository is in the image (default /testbed)")
+    sw.add_argument("--out", help="output JSONL file (default: standard output)")
+    sw.set_defaults(handler=_import_swebench)
