@@ -50,6 +50,7 @@ _RANK = {Outcome.SKIPPED: 0, Outcome.PASSED: 1, Outcome.FAILED: 2, Outcome.ERROR
 
 @dataclass(frozen=True, slots=True)
 class TestCase:
+    __test__ = False  # a domain name, not a pytest test class
     id: str
     outcome: Outcome
     message: str = ""
@@ -58,6 +59,7 @@ class TestCase:
 
 @dataclass(frozen=True, slots=True)
 class TestReport:
+    __test__ = False  # a domain name, not a pytest test class
     format: str
     tests: dict[str, TestCase]
     complete: bool

@@ -1,0 +1,261 @@
+"""The task format, the SWE-bench importer, workspace diffs and reward policies (pure code)."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+from rlsandbox.daemon.grading.reports import Outcome, TestCase, TestReport
+from rlsandbox.daemon.grading.rewards import (
+    MISSING,
+    GradedTest,
+    TestGroup,
+    cap_log,
+    compute_reward,
+    grade_tests,
+    parse_command_reward,
+)
+from rlsandbox.daemon.grading.task import (
+    EvaluationSpec,
+    RewardSpec,
+    Task,
+    TaskError,
+    from_swebench,
+    json_schema,
+    load_tasks,
+    matches,
+    patch_files,
+)
+from rlsandbox.daemon.grading.workspace import Entry, Snapshot, changes_tar, plan, snapshot_from_archive
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+TASKS = ROOT / "tests" / "fixtures" / "tasks"
+
+
+def test_committed_schema_is_current() -> None:
+    committed = json.loads((ROOT / "docs" / "task.schema.json").read_text())
+    assert committed == json_schema(), "run: rlsandbox tasks schema --out docs/task.schema.json"
+
+
+def test_sample_tasks_load_self_contained() -> None:
+    tasks = {t.id: t for t in load_tasks(TASKS)}
+    assert set(tasks) == {"py-calc", "node-strings", "py-flaky", "py-broken"}
+    calc = tasks["py-calc"]
+    assert calc.spec.workspace.dir is None and calc.spec.evaluation.hidden_tests_dir is None
+    assert "tests/test_multiply.py" in calc.spec.evaluation.hidden_tests
+    with tarfile.open(fileobj=io.BytesIO(calc.workspace_tar)) as tar:
+        names = tar.getnames()
+    assert "calc/__init__.py" in names and "tests/test_multiply.py" not in names
+    # Round trip over the wire.
+    again = Task.from_wire(calc.spec_json(), calc.workspace_tar)
+    assert again.spec == calc.spec
+
+
+def test_workspace_tarball_is_deterministic_and_skips_git(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / ".git").mkdir(parents=True)
+    (ws / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (ws / "__pycache__").mkdir()
+    (ws / "a.py").write_text("x = 1\n")
+    (tmp_path / "task.yaml").write_text("id: t\npool: python\nworkspace: {dir: ws}\nevaluation: {test_command: 'pytest -rA'}\n")
+    first = load_tasks(tmp_path / "task.yaml")[0].workspace_tar
+    (ws / "a.py").touch()  # a new mtime changes nothing
+    assert load_tasks(tmp_path / "task.yaml")[0].workspace_tar == first
+    with tarfile.open(fileobj=io.BytesIO(first)) as tar:
+        assert tar.getnames() == ["a.py"]
+
+
+@pytest.mark.parametrize(
+    "doc,message",
+    [
+        ({"id": "t", "pool": "p"}, "evaluation: Field required"),
+        ({"id": "t", "pool": "p", "evaluation": {"test_command": "x", "report_format": "nose"}}, "unknown report format 'nose'"),
+        ({"id": "t", "pool": "p", "evaluation": {"test_command": "x", "hidden_tests": {"../x.py": ""}}}, "stay inside"),
+        ({"id": "t", "pool": "p", "evaluation": {"test_command": "x", "reward": {"policy": "command"}}}, "needs reward.command"),
+        ({"id": "t", "pool": "p", "evaluation": {"test_command": "x"}, "surprise": 1}, "surprise: Extra inputs"),
+        ({"id": "t", "pool": "p", "workspace": {"path": "rel"}, "evaluation": {"test_command": "x"}}, "absolute path"),
+    ],
+)
+def test_invalid_task_documents_say_what_is_wrong(doc: dict[str, object], message: str) -> None:
+    with pytest.raises(TaskError, match=message):
+        Task.from_wire(json.dumps(doc))
+
+
+def test_file_references_are_refused_over_the_wire() -> None:
+    doc = {"id": "t", "pool": "p", "workspace": {"dir": "/etc"}, "evaluation": {"test_command": "x"}}
+    with pytest.raises(TaskError, match="file references"):
+        Task.from_wire(json.dumps(doc))
+
+
+def test_duplicate_ids_in_a_folder(tmp_path: Path) -> None:
+    for n in (1, 2):
+        (tmp_path / f"task{n}.json").write_text(
+            json.dumps({"id": "same", "pool": "p", "workspace": {"source": "image"}, "evaluation": {"test_command": "x"}})
+        )
+    with pytest.raises(TaskError, match="appears twice"):
+        load_tasks(tmp_path)
+
+
+SWE = {
+    "instance_id": "astropy__astropy-12907",
+    "repo": "astropy/astropy",
+    "base_commit": "d16bfe05a744909de4b27f5875fe0d4ed41ce607",
+    "problem_statement": "Modeling's separability_matrix does not compute separability correctly for nested CompoundModels",
+    "patch": "diff --git a/astropy/modeling/separable.py b/astropy/modeling/separable.py\n--- a/astropy/modeling/separable.py\n"
+    "+++ b/astropy/modeling/separable.py\n@@ -242,7 +242,7 @@\n-        cright[-right.shape[0]:, -right.shape[1]:] = 1\n"
+    "+        cright[-right.shape[0]:, -right.shape[1]:] = right\n",
+    "test_patch": "diff --git a/astropy/modeling/tests/test_separable.py b/astropy/modeling/tests/test_separable.py\n"
+    "--- a/astropy/modeling/tests/test_separable.py\n+++ b/astropy/modeling/tests/test_separable.py\n@@ -28,6 +28,13 @@\n+x\n",
+    "FAIL_TO_PASS": '["astropy/modeling/tests/test_separable.py::test_separable[compound_model6-result6]"]',
+    "PASS_TO_PASS": ["astropy/modeling/tests/test_separable.py::test_coord_matrix"],
+    "version": "4.3",
+}
+
+
+def test_swebench_import() -> None:
+    spec = from_swebench(SWE, pool="astropy-4.3")
+    assert spec.id == "astropy__astropy-12907" and spec.workspace.source == "image" and spec.workspace.path == "/testbed"
+    ev = spec.evaluation
+    assert ev.fail_to_pass == ["astropy/modeling/tests/test_separable.py::test_separable[compound_model6-result6]"]
+    assert ev.pass_to_pass == ["astropy/modeling/tests/test_separable.py::test_coord_matrix"]
+    assert ev.test_files == ["astropy/modeling/tests/test_separable.py"]
+    assert ev.test_command.endswith("astropy/modeling/tests/test_separable.py")
+    assert ev.test_patch == SWE["test_patch"] and spec.gold_patch == SWE["patch"]
+    assert spec.metadata["base_commit"] == SWE["base_commit"]
+    with pytest.raises(TaskError, match="not a JSON list"):
+        from_swebench({**SWE, "FAIL_TO_PASS": "nope"}, pool="p")
+
+
+def test_patch_files_include_deleted_and_new_files() -> None:
+    patch = "--- a/gone.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n--- /dev/null\n+++ b/new.py\n@@ -0,0 +1 @@\n+y\n"
+    assert patch_files(patch) == ["gone.py", "new.py"]
+
+
+def test_glob_matching() -> None:
+    assert matches("conftest.py", ["**/conftest.py"]) and matches("a/b/conftest.py", ["**/conftest.py"])
+    assert matches("x.dist-info/entry_points.txt", ["**/*.dist-info/**"])
+    assert not matches("src/conftest_helpers.py", ["**/conftest.py"])
+
+
+# -- workspace diffs -----------------------------------------------------------------------------
+def snap(**files: str | None) -> Snapshot:
+    entries = {}
+    for name, content in files.items():
+        path = name.replace("__", "/").replace("_DOT_", ".")
+        entries[path] = Entry("dir", 0o755) if content is None else Entry("file", 0o644, content.encode())
+    return Snapshot(entries)
+
+
+def test_plan_keeps_source_changes_and_discards_test_changes() -> None:
+    base = snap(src=None, src__m_DOT_py="a", tests=None, tests__t_DOT_py="t")
+    agent = snap(src=None, src__m_DOT_py="b", src__new_DOT_py="n", tests=None, tests__t_DOT_py="hacked", conftest_DOT_py="c")
+    changes = plan(base, agent, protected=["**/conftest.py"], test_files=["tests/**"], hidden=["tests/hidden.py"])
+    assert set(changes.writes) == {"src/m.py", "src/new.py"}
+    assert not changes.deletes
+    assert any(d.startswith("tests/t.py") for d in changes.discarded)
+    assert any(d.startswith("conftest.py") for d in changes.discarded)
+
+
+def test_plan_deleting_a_test_folder_keeps_the_tests_and_deletes_the_rest() -> None:
+    base = snap(tests=None, tests__t_DOT_py="t", tests__data_DOT_txt="d", old_DOT_py="o")
+    agent = snap()
+    changes = plan(base, agent, protected=[], test_files=["tests/t.py"], hidden=[])
+    assert sorted(changes.deletes) == ["old.py", "tests/data.txt"]
+    assert any(d.startswith("tests/t.py: deleted") for d in changes.discarded)
+
+
+def test_plan_refuses_a_symlink_in_place_of_a_folder_with_tests() -> None:
+    base = snap(tests=None, tests__t_DOT_py="t")
+    agent = Snapshot({"tests": Entry("symlink", 0o777, target="/usr/lib/python3")})
+    changes = plan(base, agent, protected=[], test_files=["tests/**"], hidden=[])
+    assert changes.empty
+    assert any("replaces a folder" in d for d in changes.discarded)
+
+
+def test_plan_type_change_deletes_first_and_binary_is_kept() -> None:
+    base = snap(data="text")
+    agent = Snapshot({"data": Entry("dir", 0o755), "data/blob.bin": Entry("file", 0o600, bytes(range(256)))})
+    changes = plan(base, agent, protected=[], test_files=[], hidden=[])
+    assert changes.deletes == ["data"]
+    tar_bytes = changes_tar(changes.writes, {"tests/h.py": b"hidden"})
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+        blob = tar.extractfile("data/blob.bin")
+        assert blob is not None and blob.read() == bytes(range(256))
+        assert tar.getmember("data/blob.bin").mode == 0o600
+        assert tar.getnames().index("data") < tar.getnames().index("data/blob.bin")
+        assert tar.extractfile("tests/h.py").read() == b"hidden"  # type: ignore[union-attr]
+
+
+def test_snapshot_from_engine_archive_strips_the_folder_name_and_git() -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in (("workspace/a.py", b"a"), ("workspace/.git/HEAD", b"h")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("workspace/l")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "a.py"
+        tar.addfile(link)
+    s = snapshot_from_archive(buf.getvalue())
+    assert s.entries == {"a.py": Entry("file", 0o644, b"a"), "l": Entry("symlink", 0o644, target="a.py")}
+
+
+# -- rewards -------------------------------------------------------------------------------------
+def report(**outcomes: Outcome) -> TestReport:
+    return TestReport("pytest", {k: TestCase(k, v) for k, v in outcomes.items()}, True)
+
+
+EV = EvaluationSpec(test_command="x", fail_to_pass=["f1", "f2"], pass_to_pass=["p1"])
+
+
+def test_missing_listed_tests_count_as_failed() -> None:
+    tests = grade_tests(EV, report(f1=Outcome.PASSED, p1=Outcome.PASSED, extra=Outcome.FAILED))
+    assert [(t.id, t.outcome, t.group) for t in tests] == [
+        ("f1", "passed", TestGroup.FAIL_TO_PASS),
+        ("f2", MISSING, TestGroup.FAIL_TO_PASS),
+        ("p1", "passed", TestGroup.PASS_TO_PASS),
+        ("extra", "failed", TestGroup.OTHER),
+    ]
+    assert compute_reward(RewardSpec(policy="resolved"), tests) == 0.0
+    assert compute_reward(RewardSpec(policy="fraction"), tests) == pytest.approx(2 / 3)
+    weighted = RewardSpec(policy="weighted", weights={"f2": 2.0}, default_weight=1.0)
+    assert compute_reward(weighted, tests) == pytest.approx(2 / 4)
+
+
+def test_resolved_needs_every_listed_test() -> None:
+    tests = grade_tests(EV, report(f1=Outcome.PASSED, f2=Outcome.PASSED, p1=Outcome.PASSED, other=Outcome.FAILED))
+    assert compute_reward(RewardSpec(), tests) == 1.0  # unlisted failures do not count
+
+
+def test_without_lists_every_test_counts_and_nothing_is_zero() -> None:
+    ev = EvaluationSpec(test_command="x")
+    assert compute_reward(RewardSpec(), grade_tests(ev, report(a=Outcome.PASSED, b=Outcome.SKIPPED))) == 1.0
+    assert compute_reward(RewardSpec(), grade_tests(ev, report(a=Outcome.PASSED, b=Outcome.ERROR))) == 0.0
+    assert compute_reward(RewardSpec(), grade_tests(ev, report())) == 0.0
+
+
+def test_junit_ids_match_node_ids() -> None:
+    ev = EvaluationSpec(test_command="x {report}", report_format="junit", fail_to_pass=["tests/test_a.py::TestC::test_x[1-2]"])
+    tests = grade_tests(ev, report(**{"tests.test_a.TestC::test_x[1-2]": Outcome.PASSED}))
+    assert tests[0].outcome == "passed" and len(tests) == 1
+
+
+def test_command_reward_parsing() -> None:
+    assert parse_command_reward(b"computing...\n0.75\n") == 0.75
+    for bad in (b"", b"nan\n", b"great\n"):
+        with pytest.raises(ValueError):
+            parse_command_reward(bad)
+
+
+def test_log_cap_keeps_head_and_tail() -> None:
+    log = cap_log(b"H" * 100_000 + b"TAIL", b"")
+    assert log.startswith(b"--- stdout ---\nHHH") and b"bytes cut" in log and log.rstrip().endswith(b"TAIL")
+    assert len(log) < 40_000
+
+
+def test_graded_test_passed_property() -> None:
+    assert GradedTest("a", "passed", TestGroup.OTHER).passed and not GradedTest("a", MISSING, TestGroup.OTHER).passed
