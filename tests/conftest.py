@@ -55,8 +55,8 @@ async def images(docker_runtime: DockerRuntime) -> dict[str, str]:
     from rlsandbox.daemon.images import ImageBuilder, default_images_dir
 
     builder = ImageBuilder(docker_runtime, default_images_dir())
-    await builder.build(["busybox", "python-task"])
-    return {"busybox": BUSYBOX, "python": PYTHON}
+    await builder.build(["busybox", "python-task", "node"])
+    return {"busybox": BUSYBOX, "python": PYTHON, "node": "rlsandbox/node:latest"}
 
 
 @pytest.fixture

@@ -20,8 +20,6 @@ from rlsandbox.client import AsyncClient, AsyncSession, InvalidArgumentError
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.grading.task import RewardSpec, Task, load_tasks
 from rlsandbox.daemon.grading.validate import summary_table, validate, write_cleaned
-from rlsandbox.daemon.images import ImageBuilder, default_images_dir
-from rlsandbox.daemon.runtime.docker import DockerRuntime
 from rlsandbox.daemon.server import NodeDaemon
 
 pytestmark = pytest.mark.docker
@@ -31,8 +29,7 @@ FIX = "def multiply(a, b):\n    return a * b\n"
 
 
 @pytest.fixture(scope="module")
-async def grading_daemon(images: dict[str, str], docker_runtime: DockerRuntime) -> AsyncIterator[NodeDaemon]:
-    await ImageBuilder(docker_runtime, default_images_dir()).build(["node"])
+async def grading_daemon(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
     config = daemon_config(
         pools=[
             PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=16),
@@ -354,3 +351,33 @@ async def test_validate_command_line(grading_daemon: NodeDaemon, tmp_path: Path)
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["counts"]["valid"] == 1 and report["tasks"][0]["task_id"] == "py-calc"
     assert (tmp_path / "out" / "py-calc" / "task.json").exists()
+
+
+async def test_clean_room_dying_is_infra_error_without_reward(
+    grading_daemon: NodeDaemon, gclient: AsyncClient, tasks: dict[str, Task]
+) -> None:
+    spec = tasks["py-calc"].spec
+    slow = Task(
+        spec.model_copy(
+            update={
+                "evaluation": spec.evaluation.model_copy(update={"test_command": "sleep 30; " + spec.evaluation.test_command})
+            }
+        ),
+        tasks["py-calc"].workspace_tar,
+    )
+    async with gclient.session(task=slow) as s:
+        agent_id = grading_daemon.sessions.get(s.id).sandbox.container_id  # type: ignore[union-attr]
+        grading = asyncio.create_task(s.grade())
+        pool = grading_daemon.pools["python"]
+        for _ in range(100):  # wait for the clean room to be leased, then kill it (an OOM kill, a node hiccup)
+            rooms = [sb for sb in pool._leased if sb.container_id != agent_id]
+            if rooms:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
+        await grading_daemon.runtime.docker.containers.container(rooms[0].container_id).kill()
+        result = await grading
+        assert (await s.exec("echo alive")).stdout == b"alive\n"  # the agent's session is untouched
+    assert result.status == "infra_error"
+    assert result.reward is None  # never a silent 0
+    assert result.message

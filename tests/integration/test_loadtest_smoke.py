@@ -4,7 +4,7 @@ benchmarks live in loadtest/ and their results in docs/BENCHMARKS.md)."""
 from __future__ import annotations
 
 import pytest
-from rlsandbox.loadtest import api_bench, foundation
+from rlsandbox.loadtest import api_bench, foundation, grading_bench
 
 pytestmark = pytest.mark.docker
 
@@ -20,3 +20,10 @@ async def test_api_benchmark_runs(images: dict[str, str]) -> None:
     assert results["live_sessions"] == 10 and results["daemon_exit_code"] == 0
     assert results["exec_true_c64"]["n"] == 64 * 5
     assert "ExecBatch" in api_bench.render(results)
+
+
+async def test_grading_benchmark_runs(images: dict[str, str]) -> None:
+    results = await grading_bench.bench(samples=2, runs=1)
+    assert results["evaluate_clean_room"]["n"] == 2 and results["daemon_exit_code"] == 0
+    assert results["validation"]["verdicts"]["valid"] >= 2  # py-calc and node-strings
+    assert "clean room" in grading_bench.render(results)

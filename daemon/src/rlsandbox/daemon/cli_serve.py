@@ -117,9 +117,46 @@ async def demo_episode(target: str, pool: str) -> bool:
             timings.sort()
             print(f"50 x `true`: p50 {timings[25] * 1000:.2f} ms, max {timings[-1] * 1000:.2f} ms")
         print("session closed; its sandbox was destroyed (never reused)")
-        ok = r.exit_code == 0 and broken.exit_code not in (0, None)
+        graded_ok = await _demo_graded(client, pool)
+        ok = r.exit_code == 0 and broken.exit_code not in (0, None) and graded_ok
         print("demo:", "OK" if ok else "FAILED", flush=True)
         return ok
+
+
+def demo_task(pool: str) -> Any:
+    """The demo project as a task: mul() is broken, a hidden test checks it."""
+    from rlsandbox.daemon.grading.task import EvaluationSpec, Task, TaskSpec, WorkspaceSpec, tar_files
+
+    files = {**DEMO_PROJECT, "calc/ops.py": "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a + b\n"}
+    files["tests/test_ops.py"] = files["tests/test_ops.py"].split("\n\n\ndef test_mul")[0] + "\n"
+    spec = TaskSpec(
+        id="demo-calc-mul",
+        pool=pool,
+        problem_statement="calc.ops.mul(a, b) returns the wrong result.",
+        workspace=WorkspaceSpec(),
+        evaluation=EvaluationSpec(
+            test_command="python3 -m pytest -rA -p no:cacheprovider tests",
+            hidden_tests={"tests/test_mul.py": "from calc.ops import mul\n\n\ndef test_mul():\n    assert mul(4, 5) == 20\n"},
+            test_files=["tests/**"],
+            fail_to_pass=["tests/test_mul.py::test_mul"],
+            pass_to_pass=["tests/test_ops.py::test_add"],
+        ),
+    )
+    return Task(spec, tar_files(files))
+
+
+async def _demo_graded(client: Any, pool: str) -> bool:
+    """An episode from a task, graded in a clean room: a hack, then a real fix."""
+    print("\n-- an episode from a task, graded in a clean room --", flush=True)
+    async with client.session(task=demo_task(pool), labels={"run": "demo"}) as s:
+        hacked = "def test_add():\n    pass\n\n\ndef test_mul():\n    pass\n"
+        await s.write_files({"tests/test_mul.py": hacked, "conftest.py": "import pytest\n"})
+        cheat = await s.grade()
+        print(f"agent wrote its own tests and a conftest.py: reward {cheat.reward} ({len(cheat.tampering)} changes discarded)")
+        await s.write_files({"calc/ops.py": "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"})
+        fixed = await s.grade()
+        print(f"agent fixed mul(): reward {fixed.reward}, status {fixed.status}, graded in {fixed.duration * 1000:.0f} ms")
+    return cheat.reward == 0.0 and fixed.reward == 1.0
 
 
 async def _up(args: argparse.Namespace) -> int:

@@ -14,21 +14,18 @@ import argparse
 import asyncio
 import json
 import os
-import socket
-import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import uvloop
 from rlsandbox.client import AsyncClient, AsyncSession, ResourceExhaustedError, exec_request
 from rlsandbox.loadtest.foundation import throughput, timed_sequential
+from rlsandbox.loadtest.node import daemon_process, daemon_rss, wait_quiet, wait_ready
 from rlsandbox.loadtest.stats import latency_table, machine, summary_ms
 
 CONFIG = """
 node_id = "{node}"
-listen_tcp = "127.0.0.1:{port}"
+listen_tcp = "127.0.0.1:{{port}}"
 max_sessions = {max_sessions}
 create_concurrency = 4
 [[pools]]
@@ -47,145 +44,86 @@ pids = 32
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def _wait_ready(client: AsyncClient, pool: str, ready: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            status = await client.node_status()
-            if next(p for p in status.pools if p.name == pool).ready >= ready:
-                return
-        except Exception:
-            pass
-        await asyncio.sleep(0.2)
-    raise TimeoutError(f"pool {pool} did not reach {ready} ready sandboxes in {timeout:.0f} s")
-
-
-async def _wait_quiet(client: AsyncClient, timeout: float = 300) -> None:
-    """Wait until no pool is creating and every pool is at min_ready: refills compete with the
-    measured traffic for the two cores, so each phase starts on a quiet node."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = await client.node_status()
-        if all(p.creating == 0 and p.ready >= p.min_ready for p in status.pools):
-            await asyncio.sleep(1.0)
-            return
-        await asyncio.sleep(0.5)
-    raise TimeoutError("the node did not settle")
-
-
-async def _daemon_rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:  # noqa: ASYNC230 - tiny procfs read in a benchmark
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 async def bench(live_sessions: int, scale: float) -> dict[str, Any]:
-    port = _free_port()
     node = f"apibench-{os.getpid()}"
     n = lambda base: max(5, int(base * scale))  # noqa: E731
-    with tempfile.TemporaryDirectory() as tmp:
-        config = Path(tmp) / "daemon.toml"
-        config.write_text(CONFIG.format(node=node, port=port, max_sessions=max(live_sessions + 100, 300)))
-        daemon = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "rlsandbox.daemon.cli",
-            "--log-level",
-            "WARNING",
-            "daemon",
-            "--config",
-            str(config),
-            stdout=asyncio.subprocess.DEVNULL,
-        )
-        results: dict[str, Any] = {}
-        try:
-            async with AsyncClient(f"127.0.0.1:{port}", timeout=120) as client:
-                await _wait_ready(client, "python", 8, 180)
-                true = ["true"]
+    results: dict[str, Any] = {}
+    config = CONFIG.format(node=node, max_sessions=max(live_sessions + 100, 300))
+    async with daemon_process(config) as daemon, AsyncClient(daemon.address, timeout=120) as client:
+        await wait_ready(client, "python", 8, 180)
+        true = ["true"]
 
-                one = await client.create_session("python")
-                await _wait_quiet(client)
-                await timed_sequential(50, lambda: one.exec(true))
-                results["exec_true_c1"] = summary_ms(await timed_sequential(n(1000), lambda: one.exec(true)))
+        one = await client.create_session("python")
+        await wait_quiet(client)
+        await timed_sequential(50, lambda: one.exec(true))
+        results["exec_true_c1"] = summary_ms(await timed_sequential(n(1000), lambda: one.exec(true)))
 
-                sessions: list[AsyncSession] = [await client.create_session("python", acquire_timeout=120) for _ in range(63)]
-                sessions.append(one)
-                await _wait_quiet(client)
-                samples: list[float] = []
+        sessions: list[AsyncSession] = [await client.create_session("python", acquire_timeout=120) for _ in range(63)]
+        sessions.append(one)
+        await wait_quiet(client)
+        samples: list[float] = []
 
-                async def worker(s: AsyncSession, count: int) -> None:
-                    for _ in range(count):
-                        t = time.perf_counter()
-                        await s.exec(true)
-                        samples.append(time.perf_counter() - t)
+        async def worker(s: AsyncSession, count: int) -> None:
+            for _ in range(count):
+                t = time.perf_counter()
+                await s.exec(true)
+                samples.append(time.perf_counter() - t)
 
-                per = n(100)
-                t0 = time.perf_counter()
-                await asyncio.gather(*(worker(s, per) for s in sessions))
-                results["exec_true_c64_throughput"] = len(samples) / (time.perf_counter() - t0)
-                results["exec_true_c64"] = summary_ms(samples)
+        per = n(100)
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(s, per) for s in sessions))
+        results["exec_true_c64_throughput"] = len(samples) / (time.perf_counter() - t0)
+        results["exec_true_c64"] = summary_ms(samples)
 
-                batch = [exec_request(s.id, true) for s in sessions]
-                batches = n(50)
-                t0 = time.perf_counter()
-                for _ in range(batches):
-                    await client.exec_batch(batch)
-                results["exec_batch_64_commands_per_s"] = batches * len(batch) / (time.perf_counter() - t0)
-                await asyncio.gather(*(s.close() for s in sessions))
+        batch = [exec_request(s.id, true) for s in sessions]
+        batches = n(50)
+        t0 = time.perf_counter()
+        for _ in range(batches):
+            await client.exec_batch(batch)
+        results["exec_batch_64_commands_per_s"] = batches * len(batch) / (time.perf_counter() - t0)
+        await asyncio.gather(*(s.close() for s in sessions))
 
-                # Warm hand-outs: create + close, as fast as the pool allows.
-                await _wait_quiet(client)
+        # Warm hand-outs: create + close, as fast as the pool allows.
+        await wait_quiet(client)
 
-                # Hand-outs: a burst of CreateSession calls served from ready sandboxes (the pool
-                # keeps 32 ready), 8 in flight; the sessions are closed afterwards, untimed.
-                burst: list[AsyncSession] = []
+        # Hand-outs: a burst of CreateSession calls served from ready sandboxes (the pool
+        # keeps 32 ready), 8 in flight; the sessions are closed afterwards, untimed.
+        burst: list[AsyncSession] = []
 
-                async def handout() -> None:
-                    burst.append(await client.create_session("busybox"))
+        async def handout() -> None:
+            burst.append(await client.create_session("busybox"))
 
-                results["sessions_handed_out_per_s"] = await throughput(32, 8, handout)
-                await asyncio.gather(*(s.close() for s in burst))
-                await _wait_quiet(client)
-                handout_lat = await timed_sequential(10, lambda: client.create_session("busybox", acquire_timeout=60))
-                results["warm_create_session"] = summary_ms(handout_lat)
-                for s in await client.list_sessions(pool="busybox"):
-                    await client.close_session(s.session_id)
+        results["sessions_handed_out_per_s"] = await throughput(32, 8, handout)
+        await asyncio.gather(*(s.close() for s in burst))
+        await wait_quiet(client)
+        handout_lat = await timed_sequential(10, lambda: client.create_session("busybox", acquire_timeout=60))
+        results["warm_create_session"] = summary_ms(handout_lat)
+        for s in await client.list_sessions(pool="busybox"):
+            await client.close_session(s.session_id)
 
-                # Live sessions: hold as many busybox sessions as asked, all answering.
-                live: list[AsyncSession] = []
-                t0 = time.perf_counter()
-                sem = asyncio.Semaphore(64)
+        # Live sessions: hold as many busybox sessions as asked, all answering.
+        live: list[AsyncSession] = []
+        t0 = time.perf_counter()
+        sem = asyncio.Semaphore(64)
 
-                async def hold() -> None:
-                    async with sem:
-                        try:
-                            live.append(await client.create_session("busybox", acquire_timeout=600))
-                        except ResourceExhaustedError:
-                            pass
+        async def hold() -> None:
+            async with sem:
+                try:
+                    live.append(await client.create_session("busybox", acquire_timeout=600))
+                except ResourceExhaustedError:
+                    pass
 
-                await asyncio.gather(*(hold() for _ in range(live_sessions)))
-                results["live_sessions_created_s"] = time.perf_counter() - t0
-                answers = await asyncio.gather(*(s.exec(["echo", "ok"]) for s in live), return_exceptions=True)
-                results["live_sessions"] = sum(1 for a in answers if not isinstance(a, BaseException) and a.stdout == b"ok\n")
-                results["daemon_rss_mb_with_live_sessions"] = await _daemon_rss(daemon.pid) / 2**20
-                status = await client.node_status()
-                results["load1_with_live_sessions"] = status.load1
-                t0 = time.perf_counter()
-                await asyncio.gather(*(s.close() for s in live))
-                results["live_sessions_closed_s"] = time.perf_counter() - t0
-        finally:
-            if daemon.returncode is None:
-                daemon.terminate()
-            await asyncio.wait_for(daemon.wait(), 300)
-            results["daemon_exit_code"] = daemon.returncode
+        await asyncio.gather(*(hold() for _ in range(live_sessions)))
+        results["live_sessions_created_s"] = time.perf_counter() - t0
+        answers = await asyncio.gather(*(s.exec(["echo", "ok"]) for s in live), return_exceptions=True)
+        results["live_sessions"] = sum(1 for a in answers if not isinstance(a, BaseException) and a.stdout == b"ok\n")
+        results["daemon_rss_mb_with_live_sessions"] = await daemon_rss(daemon.pid) / 2**20
+        status = await client.node_status()
+        results["load1_with_live_sessions"] = status.load1
+        t0 = time.perf_counter()
+        await asyncio.gather(*(s.close() for s in live))
+        results["live_sessions_closed_s"] = time.perf_counter() - t0
+    results["daemon_exit_code"] = daemon.exit_code
     results["machine"] = machine()
     return results
 

@@ -262,6 +262,19 @@ def tar_directory(root: Path, excludes: tuple[str, ...] = WORKSPACE_EXCLUDES) ->
     return data
 
 
+def tar_files(files: Mapping[str, str | bytes]) -> bytes:
+    """A workspace tarball from workspace-relative paths and contents (folders are implied)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, content in sorted(files.items()):
+            data = content.encode() if isinstance(content, str) else content
+            info = tarfile.TarInfo(check_relative(path))
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
 def _read_dir_texts(root: Path) -> dict[str, str]:
     out: dict[str, str] = {}
     for path in sorted(root.rglob("*")):
