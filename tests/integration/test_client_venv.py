@@ -11,7 +11,7 @@ import pytest
 from rlsandbox.daemon.server import NodeDaemon
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = """
+SCRIPT = r"""
 import sys
 from rlsandbox.client import Client
 import importlib.util
@@ -19,6 +19,29 @@ for heavy in ("aiodocker", "uvloop", "nats", "orjson", "rlsandbox.daemon"):
     assert importlib.util.find_spec(heavy) is None, heavy + " leaked into the client environment"
 with Client(sys.argv[1]) as c, c.session(pool="busybox") as s:
     print(s.exec(["echo", "from-clean-venv"]).stdout.decode().strip())
+
+# Grading with nothing but the client: a task as a plain dict and a workspace tarball.
+import io, tarfile
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w") as t:
+    data = b"def f():\n    return 2\n"
+    info = tarfile.TarInfo("m.py")
+    info.size = len(data)
+    t.addfile(info, io.BytesIO(data))
+spec = {
+    "id": "venv-task",
+    "pool": "python",
+    "evaluation": {
+        "test_command": "python3 -m pytest -rA -p no:cacheprovider",
+        "hidden_tests": {"test_m.py": "from m import f\n\ndef test_f():\n    assert f() == 3\n"},
+        "fail_to_pass": ["test_m.py::test_f"],
+    },
+}
+with Client(sys.argv[1]) as c, c.session(task=(spec, buf.getvalue())) as s:
+    before = s.grade()
+    s.write_files({"m.py": "def f():\n    return 3\n"})
+    after = s.grade()
+    print(before.status, before.reward, after.status, after.reward)
 """
 
 
@@ -41,4 +64,4 @@ async def test_client_in_a_clean_virtualenv(tmp_path: Path, daemon: NodeDaemon) 
     )
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, err.decode()
-    assert out.decode().strip() == "from-clean-venv"
+    assert out.decode().split("\n")[:2] == ["from-clean-venv", "ok 0.0 ok 1.0"]

@@ -381,3 +381,22 @@ async def test_clean_room_dying_is_infra_error_without_reward(
     assert result.status == "infra_error"
     assert result.reward is None  # never a silent 0
     assert result.message
+
+
+def with_reward(task: Task, reward: RewardSpec) -> Task:
+    ev = task.spec.evaluation.model_copy(update={"reward": reward})
+    return Task(task.spec.model_copy(update={"evaluation": ev}), task.workspace_tar)
+
+
+async def test_custom_reward_command(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    score = "python3 -c 'import calc; print(\"partial\"); print(0.75 if calc.multiply(2, 3) == 6 else 0.1)'"
+    scored = with_reward(tasks["py-calc"], RewardSpec(policy="command", command=score))
+    broken = with_reward(tasks["py-calc"], RewardSpec(policy="command", command="echo no number"))
+    async with gclient.session(task=scored) as s:
+        before = await s.grade()
+        await solve_calc(s)
+        after = await s.grade()
+        failing = await s.grade(task=broken)
+    assert (before.status, before.reward) == ("ok", 0.1)
+    assert (after.status, after.reward) == ("ok", 0.75)
+    assert failing.status == "invalid_task" and failing.reward is None and "no number" in failing.message

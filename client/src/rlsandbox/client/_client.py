@@ -69,6 +69,17 @@ def write_files_request(session_id: str, files: Mapping[str, Union[bytes, str, t
     return request
 
 
+def evaluate_request(session_id: str, *, task: Any = None, mode: str = "clean_room", timeout: float = 0.0) -> pb.EvaluateRequest:
+    if mode not in ("clean_room", "in_place"):
+        raise ValueError(f"mode must be 'clean_room' or 'in_place', not {mode!r}")
+    return pb.EvaluateRequest(
+        session_id=session_id,
+        task=task_message(task) if task is not None else None,
+        mode=pb.EVALUATE_MODE_IN_PLACE if mode == "in_place" else pb.EVALUATE_MODE_CLEAN_ROOM,
+        timeout=timeout,
+    )
+
+
 class AsyncClient:
     """Asynchronous client of one rlsandbox node daemon.
 
@@ -225,12 +236,7 @@ class AsyncClient:
 
     async def evaluate(self, session_id: str, *, task: Any = None, mode: str = "clean_room", timeout: float = 0.0) -> GradeResult:
         """Grade a session (see :meth:`AsyncSession.grade`)."""
-        request = pb.EvaluateRequest(
-            session_id=session_id,
-            task=task_message(task) if task is not None else None,
-            mode=pb.EVALUATE_MODE_IN_PLACE if mode == "in_place" else pb.EVALUATE_MODE_CLEAN_ROOM,
-            timeout=timeout,
-        )
+        request = evaluate_request(session_id, task=task, mode=mode, timeout=timeout)
         # Grading does not change the agent's sandbox: safe to repeat on UNAVAILABLE.
         result = await self._call(self._stub.Evaluate, request, timeout=self.timeout + (timeout or 900.0), retry=True)
         return GradeResult.from_pb(result)

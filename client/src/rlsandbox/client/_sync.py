@@ -9,7 +9,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import grpc
-from rlsandbox.client._client import MAX_MESSAGE, RETRY_ATTEMPTS, Command, exec_request, write_files_request
+from rlsandbox.client._client import (
+    MAX_MESSAGE,
+    RETRY_ATTEMPTS,
+    Command,
+    evaluate_request,
+    exec_request,
+    write_files_request,
+)
 from rlsandbox.client._errors import UnavailableError, from_rpc_error
 from rlsandbox.client._types import ExecResult, FileData, GradeResult, SessionInfo, task_message
 from rlsandbox.v1 import sandbox_pb2 as pb
@@ -102,12 +109,7 @@ class Client:
         return [SessionInfo.from_pb(s) for s in response.sessions]
 
     def evaluate(self, session_id: str, *, task: Any = None, mode: str = "clean_room", timeout: float = 0.0) -> GradeResult:
-        request = pb.EvaluateRequest(
-            session_id=session_id,
-            task=task_message(task) if task is not None else None,
-            mode=pb.EVALUATE_MODE_IN_PLACE if mode == "in_place" else pb.EVALUATE_MODE_CLEAN_ROOM,
-            timeout=timeout,
-        )
+        request = evaluate_request(session_id, task=task, mode=mode, timeout=timeout)
         result = self._call(self._stub.Evaluate, request, timeout=self.timeout + (timeout or 900.0), retry=True)
         return GradeResult.from_pb(result)
 
