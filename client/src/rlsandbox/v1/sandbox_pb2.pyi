@@ -351,7 +351,7 @@ class PoolStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., ready: _Optional[int] = ..., in_use: _Optional[int] = ..., creating: _Optional[int] = ..., waiting: _Optional[int] = ..., min_ready: _Optional[int] = ..., max_total: _Optional[int] = ..., created_total: _Optional[int] = ..., failed_total: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., last_error: _Optional[str] = ..., oci_runtime: _Optional[str] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "version", "pools", "sessions", "max_sessions", "docker_reachable", "serving", "load1", "uptime", "execs_total")
+    __slots__ = ("node_id", "version", "pools", "sessions", "max_sessions", "docker_reachable", "serving", "load1", "uptime", "execs_total", "events")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
@@ -362,6 +362,7 @@ class NodeStatus(_message.Message):
     LOAD1_FIELD_NUMBER: _ClassVar[int]
     UPTIME_FIELD_NUMBER: _ClassVar[int]
     EXECS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     version: str
     pools: _containers.RepeatedCompositeFieldContainer[PoolStatus]
@@ -372,7 +373,28 @@ class NodeStatus(_message.Message):
     load1: float
     uptime: float
     execs_total: int
-    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., sessions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., docker_reachable: _Optional[bool] = ..., serving: _Optional[bool] = ..., load1: _Optional[float] = ..., uptime: _Optional[float] = ..., execs_total: _Optional[int] = ...) -> None: ...
+    events: EventsStatus
+    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., sessions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., docker_reachable: _Optional[bool] = ..., serving: _Optional[bool] = ..., load1: _Optional[float] = ..., uptime: _Optional[float] = ..., execs_total: _Optional[int] = ..., events: _Optional[_Union[EventsStatus, _Mapping]] = ...) -> None: ...
+
+class EventsStatus(_message.Message):
+    __slots__ = ("connected", "published_total", "queued", "outbox_events", "outbox_bytes", "outbox_max_bytes", "dropped_total", "last_error")
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    OUTBOX_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    OUTBOX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OUTBOX_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    connected: bool
+    published_total: int
+    queued: int
+    outbox_events: int
+    outbox_bytes: int
+    outbox_max_bytes: int
+    dropped_total: int
+    last_error: str
+    def __init__(self, connected: _Optional[bool] = ..., published_total: _Optional[int] = ..., queued: _Optional[int] = ..., outbox_events: _Optional[int] = ..., outbox_bytes: _Optional[int] = ..., outbox_max_bytes: _Optional[int] = ..., dropped_total: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
 
 class EvaluateRequest(_message.Message):
     __slots__ = ("session_id", "task", "mode", "timeout")

@@ -59,10 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     lst.add_argument("--images-dir", type=Path, default=None)
     lst.set_defaults(handler=_images_list)
 
-    from rlsandbox.daemon import cli_serve, cli_tasks
+    from rlsandbox.daemon import cli_events, cli_serve, cli_tasks
 
     cli_serve.add_commands(sub)
     cli_tasks.add_commands(sub)
+    cli_events.add_commands(sub)
     return parser
 
 

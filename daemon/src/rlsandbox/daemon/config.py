@@ -101,6 +101,15 @@ class DaemonConfig(BaseModel):
     reconcile_interval: float = Field(60.0, gt=0)
     reap_interval: float = Field(1.0, gt=0)
     log_level: str = "INFO"
+    # Events (docs/events.md): empty nats_url means no events, except under `rlsandbox up`, which
+    # starts an embedded nats-server and aggregator when none is configured.
+    nats_url: str = ""
+    events_outbox: str = "/var/lib/rlsandbox/events-outbox.sqlite3"
+    events_outbox_max_bytes: int = Field(512 * MiB, ge=1024)
+    events_publish_timeout: float = Field(5.0, gt=0)
+    events_include_output: bool = False
+    events_output_cap: int = Field(4096, ge=0, le=MiB)
+    heartbeat_interval: float = Field(5.0, ge=0)
     pools: list[PoolConfig] = Field(default_factory=_default_pools)
 
     @field_validator("pools")

@@ -21,9 +21,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
+from rlsandbox.daemon import __version__
 from rlsandbox.daemon.api.servicer import SandboxServicer
 from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.errors import SandboxError, Unavailable
+from rlsandbox.daemon.events.publisher import EventPublisher
 from rlsandbox.daemon.grading.grader import Grader
 from rlsandbox.daemon.pool import CreateLimiter, Reconciler, SandboxFactory, WarmPool
 from rlsandbox.daemon.runtime.docker import DockerRuntime
@@ -54,8 +56,26 @@ class NodeDaemon:
             for p in config.pools
         }
         self.grader = Grader(self.runtime, self.pools, acquire_timeout=config.default_acquire_timeout)
+        self.events: EventPublisher | None = None
+        if config.nats_url:
+            self.events = EventPublisher(
+                config.node_id,
+                self.instance,
+                nats_url=config.nats_url,
+                outbox_path=config.events_outbox,
+                outbox_max_bytes=config.events_outbox_max_bytes,
+                publish_timeout=config.events_publish_timeout,
+                heartbeat_interval=config.heartbeat_interval,
+                heartbeat=self._heartbeat,
+            )
         self.sessions = SessionManager(
-            config.node_id, self.pools, max_sessions=config.max_sessions, reap_interval=config.reap_interval, grader=self.grader
+            config.node_id,
+            self.pools,
+            max_sessions=config.max_sessions,
+            reap_interval=config.reap_interval,
+            grader=self.grader,
+            events=self.events,
+            events_output_cap=config.events_output_cap if config.events_include_output else 0,
         )
         self.reconciler = Reconciler(self.factory, interval=config.reconcile_interval)
         self.health = HealthServicer()
@@ -74,6 +94,23 @@ class NodeDaemon:
             host = self.config.listen_tcp.rsplit(":", 1)[0] or "127.0.0.1"
             return f"{host}:{self.tcp_port}"
         return f"unix:{self.config.listen_unix}"
+
+    def _heartbeat(self) -> dict[str, Any]:
+        """A node heartbeat's data: capacity, pools, load, version."""
+        pools = {}
+        for pool in self.pools.values():
+            st = pool.stats()
+            pools[pool.name] = {"ready": st.ready, "in_use": st.in_use, "creating": st.creating, "max_total": st.max_total}
+        return {
+            "version": __version__,
+            "sessions": len(self.sessions.sessions),
+            "max_sessions": self.sessions.max_sessions,
+            "free": max(0, self.sessions.max_sessions - len(self.sessions.sessions)),
+            "pools": pools,
+            "load1": os.getloadavg()[0],
+            "docker_reachable": self.docker_ok,
+            "execs_total": self.sessions.execs_total,
+        }
 
     async def start(self) -> None:
         await self.runtime.start()
@@ -107,6 +144,8 @@ class NodeDaemon:
             server.add_insecure_port(f"unix:{self.config.listen_unix}")
         await server.start()
         self.server = server
+        if self.events is not None:
+            await self.events.start()
         loop = asyncio.get_running_loop()
         for pool in self.pools.values():
             self._tasks.append(loop.create_task(pool.run(), name=f"pool-{pool.name}"))
@@ -168,6 +207,8 @@ class NodeDaemon:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         with contextlib.suppress(SandboxError):
             await self.reconciler.sweep(grace=0)  # anything a cancelled create left behind
+        if self.events is not None:
+            await self.events.stop(drain_timeout=max(2.0, min(grace, 10.0)))  # the rest stays in the outbox
         await self.runtime.close()
         if self.config.listen_unix:
             with contextlib.suppress(FileNotFoundError):

@@ -16,6 +16,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from rlsandbox.daemon.agent.channel import ChunkCallback
 from rlsandbox.daemon.errors import (
@@ -27,6 +28,8 @@ from rlsandbox.daemon.errors import (
     SandboxDied,
     Unavailable,
 )
+from rlsandbox.daemon.events import model as ev
+from rlsandbox.daemon.events.publisher import EventPublisher
 from rlsandbox.daemon.grading.grader import Grader
 from rlsandbox.daemon.grading.rewards import GradeResult
 from rlsandbox.daemon.grading.task import Task
@@ -88,6 +91,7 @@ class Session:
         self.created_at = time.time()
         self.started = self.last_used = time.monotonic()
         self.steps = 0
+        self.event_seq = 0  # events emitted for this session (numbered from 1, no holes)
         self.end_reason = ""
         self.in_flight = 0
         self._step_results: collections.OrderedDict[int, asyncio.Future[ExecResult]] = collections.OrderedDict()
@@ -135,6 +139,8 @@ class SessionManager:
         max_sessions: admission limit; CreateSession beyond it is RESOURCE_EXHAUSTED.
         reap_interval: seconds between idle/lifetime checks.
         grader: prepares task workspaces and grades (sessions from tasks need one).
+        events: where session events go (docs/events.md); None: no events.
+        events_output_cap: bytes of each stream put in step events (0: none).
     """
 
     def __init__(
@@ -145,9 +151,15 @@ class SessionManager:
         max_sessions: int,
         reap_interval: float = 1.0,
         grader: Grader | None = None,
+        events: EventPublisher | None = None,
+        events_output_cap: int = 0,
     ) -> None:
         self.node_id = node_id
         self.grader = grader
+        self.events = events
+        self.events_output_cap = events_output_cap
+        self._timeouts: collections.deque[float] = collections.deque()
+        self._storm_alerted_at = 0.0
         self.pools = pools
         self.max_sessions = max_sessions
         self.reap_interval = reap_interval
@@ -188,6 +200,8 @@ class SessionManager:
                 f"node {self.node_id} holds its maximum of {self.max_sessions} sessions; retry later or elsewhere",
                 retry_after=1.0,
             )
+        if options.task is not None and "task" not in options.labels:
+            options = replace(options, labels={**options.labels, "task": options.task.id})
         session = Session(f"{self.node_id}-{secrets.token_hex(8)}", options, pool)
         self.sessions[session.id] = session
         if options.idempotency_key:
@@ -215,7 +229,64 @@ class SessionManager:
         session.touch()
         session.settled.set_result(None)
         log.info("session %s ready on %s (pool %s)", session.id, session.sandbox.name, pool.name)
+        self._emit(
+            session,
+            ev.CREATED,
+            {
+                "pool": pool.name,
+                "image": pool.spec.container.image,
+                "mode": session.sandbox.mode,
+                "container": session.sandbox.name,
+                "task": options.task.id if options.task else None,
+                "workdir": session.workdir,
+            },
+        )
         return session
+
+    # -- events ---------------------------------------------------------------------------------
+    def _emit(self, session: Session, type_: str, data: dict[str, Any]) -> None:
+        if self.events is None:
+            return
+        session.event_seq += 1
+        self.events.emit(ev.Event(type_, self.node_id, session.id, session.event_seq, data, dict(session.options.labels)))
+
+    def _step_event(self, session: Session, req: ExecRequest, result: ExecResult, seq: int) -> None:
+        if self.events is None:
+            return
+        data: dict[str, Any] = {
+            "argv": list(req.argv) if req.argv is not None else None,
+            "shell": req.shell[:2000] if req.shell is not None else None,
+            "shell_session": req.shell_session,
+            "step_seq": seq or None,
+            "exit_code": result.exit_code,
+            "signal": result.signal,
+            "timed_out": result.timed_out,
+            "duration": round(result.duration, 6),
+            "stdout_bytes": result.stdout_total,
+            "stderr_bytes": result.stderr_total,
+            "truncated": result.stdout_truncated or result.stderr_truncated,
+        }
+        if self.events_output_cap:
+            cap = self.events_output_cap
+            data["stdout"] = result.stdout[:cap].decode("utf-8", errors="replace")
+            data["stderr"] = result.stderr[:cap].decode("utf-8", errors="replace")
+        self._emit(session, ev.STEP, data)
+        if result.timed_out:
+            self._timeout_storm()
+
+    def _timeout_storm(self, window: float = 60.0, threshold: int = 50) -> None:
+        """A node alert when many commands time out at once (a hung dependency, an overloaded node)."""
+        now = time.monotonic()
+        self._timeouts.append(now)
+        while self._timeouts and self._timeouts[0] < now - window:
+            self._timeouts.popleft()
+        if len(self._timeouts) >= threshold and now - self._storm_alerted_at > window and self.events is not None:
+            self._storm_alerted_at = now
+            self.events.emit_node(ev.ALERT, {"kind": "timeout_storm", "timeouts": len(self._timeouts), "window_s": window})
+
+    def files_written(self, session: Session, files: list[tuple[str, int]]) -> None:
+        """Record a WriteFiles call: (path, size) of each file."""
+        self._emit(session, ev.FILES, {"files": [{"path": p, "bytes": n} for p, n in files[:1000]], "count": len(files)})
 
     def get(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)
@@ -247,6 +318,7 @@ class SessionManager:
             session.transition(SessionState.CLOSED)
             self.sessions.pop(session.id, None)
             self._bury(session, reason)
+            self._emit(session, ev.CLOSED, {"reason": reason, "steps": session.steps})
         log.info("session %s closed: %s", session.id, reason)
         return True
 
@@ -300,6 +372,7 @@ class SessionManager:
         self.execs_total += 1
         if seq:
             future.set_result(result)
+        self._step_event(session, req, result, seq)
         return result, False
 
     async def evaluate(
@@ -322,6 +395,25 @@ class SessionManager:
         finally:
             session.in_flight -= 1
             session.touch()
+        counts = result.counts()
+        self._emit(
+            session,
+            ev.REWARD,
+            {
+                "task": task.id,
+                "status": result.status.value,
+                "reward": result.reward,
+                "resolved": result.resolved,
+                "mode": result.mode,
+                "counts": counts,
+                "tampering": result.tampering[:50],
+                "duration": round(result.duration, 6),
+                "exit_code": result.exit_code,
+                "message": result.message[:2000],
+            },
+        )
+        if result.tampering:
+            self._emit(session, ev.ALERT, {"kind": "tampering", "task": task.id, "details": result.tampering[:50]})
         return session, task, result
 
     async def _run_step(self, session: Session, sandbox: Sandbox, req: ExecRequest, on_chunk: ChunkCallback | None) -> ExecResult:
@@ -339,6 +431,9 @@ class SessionManager:
         session.transition(SessionState.FAILED)
         self.sessions.pop(session.id, None)
         self._bury(session, reason)
+        oom = "oom" in reason.lower()
+        self._emit(session, ev.ALERT, {"kind": "oom_killed" if oom else "sandbox_died", "reason": reason})
+        self._emit(session, ev.FAILED, {"reason": reason, "steps": session.steps})
         if session.sandbox is not None:
             await session.pool.release(session.sandbox, reason)
 

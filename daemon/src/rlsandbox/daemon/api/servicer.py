@@ -60,6 +60,7 @@ def _translate_errors(
 
 class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     def __init__(self, sessions: SessionManager, config: DaemonConfig, *, docker_ok: Callable[[], bool]) -> None:
+        """``sessions.events`` (if any) is reported in GetNodeStatus."""
         self.sessions = sessions
         self.config = config
         self.docker_ok = docker_ok
@@ -146,6 +147,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         sandbox = session.require_ready()
         session.touch()
         results = await sandbox.write_files(files, timeout=_budget(context, 120.0))
+        self.sessions.files_written(session, [(f.path, len(f.data)) for f, r in zip(files, results, strict=True) if not r.error])
         failed = [r for r in results if r.error]
         if failed:
             raise FailedPrecondition(
@@ -213,6 +215,22 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             load1=os.getloadavg()[0],
             uptime=time.monotonic() - self.started,
             execs_total=self.sessions.execs_total,
+            events=self._events_status(),
+        )
+
+    def _events_status(self) -> pb.EventsStatus | None:
+        if self.sessions.events is None:
+            return None
+        st = self.sessions.events.stats()
+        return pb.EventsStatus(
+            connected=st.connected,
+            published_total=st.published_total,
+            queued=st.queued,
+            outbox_events=st.outbox_events,
+            outbox_bytes=st.outbox_bytes,
+            outbox_max_bytes=st.outbox_max_bytes,
+            dropped_total=st.dropped_total,
+            last_error=st.last_error,
         )
 
 

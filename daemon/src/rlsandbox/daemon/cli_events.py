@@ -1,0 +1,136 @@
+"""`rlsandbox aggregator`, `rlsandbox stats` and `rlsandbox trajectories export` (docs/events.md)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rlsandbox.daemon.errors import InvalidArgument
+
+DEFAULT_DB = "/var/lib/rlsandbox/aggregator.sqlite3"
+
+
+async def _aggregator(args: argparse.Namespace) -> int:
+    from rlsandbox.daemon.events.aggregator import Aggregator
+
+    agg = Aggregator(args.nats, args.db, durable=args.durable, http=args.http or None)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, agg.stop)
+    await agg.run()
+    return 0
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.3f}"
+        if isinstance(v, dict):
+            return " ".join(f"{k}:{n}" for k, n in v.items())
+        return "-" if v is None else str(v)
+
+    body = [[cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(b[i]) for b in body]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths, strict=True)).rstrip() for b in body]
+    return "\n".join(lines)
+
+
+async def _stats(args: argparse.Namespace) -> int:
+    from rlsandbox.daemon.events.store import Store
+
+    if not Path(args.db).exists():
+        raise InvalidArgument(f"no aggregator database at {args.db}; pass --db (the aggregator's --db)")
+    store = Store(args.db)
+    try:
+        what = args.what
+        result: Any
+        if what == "runs":
+            result = store.runs()
+            cols = [
+                "name",
+                "sessions_seen",
+                "open",
+                "steps",
+                "gradings",
+                "ok",
+                "infra_errors",
+                "mean_reward",
+                "pass_rate",
+                "distribution",
+            ]
+        elif what == "tasks":
+            result = store.tasks(args.run)
+            cols = ["name", "gradings", "sessions", "ok", "infra_errors", "timeouts", "mean_reward", "pass_rate", "distribution"]
+        elif what == "nodes":
+            result = store.nodes()
+            for r in result:
+                r["age_s"] = round(time.time() - r["last_heartbeat"], 1)
+                r.update({k: r["data"].get(k) for k in ("sessions", "free", "load1", "version")})
+            cols = ["node", "age_s", "sessions", "free", "load1", "version"]
+        elif what == "alerts":
+            result = store.alerts()
+            cols = ["ts", "node", "session", "kind", "data"]
+        else:
+            result = store.integrity()
+            cols = list(result)
+            result = [result]
+        if args.json:
+            print(json.dumps(result, indent=2, default=str))
+        else:
+            print(_table(result, cols) if result else f"no {what} yet")
+    finally:
+        store.close()
+    return 0
+
+
+async def _export(args: argparse.Namespace) -> int:
+    import orjson
+    from rlsandbox.daemon.events.store import Store
+
+    if not Path(args.db).exists():
+        raise InvalidArgument(f"no aggregator database at {args.db}; pass --db (the aggregator's --db)")
+    store = Store(args.db)
+    out = sys.stdout.buffer if args.out in (None, "-") else open(args.out, "wb")  # noqa: SIM115 - stdout is not ours to close
+    n = 0
+    try:
+        for trajectory in store.trajectories(args.run):
+            out.write(orjson.dumps(trajectory) + b"\n")
+            n += 1
+    finally:
+        if out is not sys.stdout.buffer:
+            out.close()
+        store.close()
+    print(f"{n} episode(s) of run {args.run!r} exported", file=sys.stderr)
+    return 0 if n else 1
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    agg = sub.add_parser("aggregator", help="consume the events stream into a SQLite database, serve queries")
+    agg.add_argument("--nats", default="nats://127.0.0.1:4222", help="NATS server URL(s)")
+    agg.add_argument("--db", default=DEFAULT_DB, help=f"SQLite database (default {DEFAULT_DB})")
+    agg.add_argument("--http", default="127.0.0.1:7421", help="HTTP query API address ('' to disable)")
+    agg.add_argument("--durable", default="rlsandbox-aggregator", help="durable consumer name (shared by aggregators)")
+    agg.set_defaults(handler=_aggregator)
+
+    st = sub.add_parser("stats", help="rewards by run and task, node health, alerts, integrity")
+    st.add_argument("what", choices=["runs", "tasks", "nodes", "alerts", "integrity"], nargs="?", default="runs")
+    st.add_argument("--db", default=DEFAULT_DB)
+    st.add_argument("--run", default=None, help="tasks: only this run")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(handler=_stats)
+
+    tr = sub.add_parser("trajectories", help="export episodes for training-data pipelines")
+    tr_sub = tr.add_subparsers(dest="trajectories_command", required=True)
+    ex = tr_sub.add_parser("export", help="JSONL: one line per episode of a run, with its steps and rewards")
+    ex.add_argument("--run", required=True, help="the run label of the sessions")
+    ex.add_argument("--db", default=DEFAULT_DB)
+    ex.add_argument("--out", default=None, help="output file (default: standard output)")
+    ex.set_defaults(handler=_export)

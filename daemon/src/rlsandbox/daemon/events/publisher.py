@@ -1,0 +1,313 @@
+"""The daemon's event publisher: off the hot path, acknowledged, never silently lossy.
+
+``emit`` is a synchronous append to an in-memory queue (microseconds, on the event loop). A
+background task publishes batches to JetStream with ``publish_async`` (pipelined, each message
+acknowledged, ``Nats-Msg-Id`` set). When NATS is unreachable, or does not acknowledge a batch in
+time, events go to the durable outbox instead, and everything after them too (order is kept);
+the outbox is replayed, oldest first, once NATS answers again. When the outbox is full, events are
+counted as dropped and an alert event says how many, as soon as one can be published. Sessions
+never wait for any of this.
+
+The stream is declared here (and re-declared after every reconnect): a server restarted without
+its store gets it back before the next publish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.js.api import StorageType, StreamConfig
+from rlsandbox.daemon.events.model import (
+    ALERT,
+    DUPLICATE_WINDOW,
+    HEARTBEAT,
+    STREAM,
+    STREAM_SUBJECTS,
+    Event,
+)
+from rlsandbox.daemon.events.outbox import Outbox
+
+log = logging.getLogger(__name__)
+
+BATCH = 512
+MEMORY_QUEUE_LIMIT = 50_000  # beyond this many unpublished events in memory, spill to the outbox
+
+
+@dataclass(frozen=True, slots=True)
+class PublisherStats:
+    connected: bool
+    published_total: int
+    queued: int
+    outbox_events: int
+    outbox_bytes: int
+    outbox_max_bytes: int
+    dropped_total: int
+    last_error: str
+
+
+async def ensure_stream(js: Any, stream: str = STREAM) -> None:
+    """Declare the events stream (file storage, duplicate window); update it if it differs."""
+    config = StreamConfig(
+        name=stream,
+        subjects=STREAM_SUBJECTS,
+        storage=StorageType.FILE,
+        duplicate_window=DUPLICATE_WINDOW,
+    )
+    try:
+        await js.add_stream(config)
+    except nats.js.errors.BadRequestError:
+        await js.update_stream(config)
+
+
+class EventPublisher:
+    """Publishes the node's events. ``start()``, ``emit()`` any number of times, ``stop()``.
+
+    Args:
+        node_id, instance: this daemon (node events are numbered per instance).
+        nats_url: the NATS server(s), comma-separated.
+        outbox_path, outbox_max_bytes: the durable outbox.
+        publish_timeout: seconds for a batch's acknowledgements before it goes to the outbox.
+        heartbeat_interval: seconds between node heartbeats (0: none).
+        heartbeat: returns the heartbeat's data (capacity, pools, load, version).
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        instance: str,
+        *,
+        nats_url: str,
+        outbox_path: str | Path,
+        outbox_max_bytes: int,
+        publish_timeout: float = 5.0,
+        heartbeat_interval: float = 5.0,
+        heartbeat: Callable[[], dict[str, Any]] | None = None,
+        stream: str = STREAM,
+    ) -> None:
+        self.node_id = node_id
+        self.instance = instance
+        self.nats_url = nats_url
+        self.publish_timeout = publish_timeout
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat = heartbeat
+        self.stream = stream
+        self.outbox = Outbox(outbox_path, outbox_max_bytes)
+        self._queue: collections.deque[Event] = collections.deque()
+        self._wake = asyncio.Event()
+        self._nc: NATS | None = None
+        self._js: Any = None
+        self._ready = False  # connected and the stream asserted
+        self._stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._node_seq = 0
+        self.published_total = 0
+        self.dropped_total = 0
+        self._dropped_unreported = 0
+        self.last_error = ""
+
+    # -- the hot path ---------------------------------------------------------------------------
+    def emit(self, event: Event) -> None:
+        self._queue.append(event)
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def emit_node(self, type_: str, data: dict[str, Any]) -> None:
+        self.emit(self._node_event(type_, data))
+
+    def _node_event(self, type_: str, data: dict[str, Any]) -> Event:
+        self._node_seq += 1
+        return Event(type_, self.node_id, "", self._node_seq, {**data, "instance": self.instance}, instance=self.instance)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._connect_loop(), name="events-connect")]
+        self._tasks.append(asyncio.create_task(self._publish_loop(), name="events-publish"))
+        if self.heartbeat_interval > 0 and self.heartbeat is not None:
+            self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="events-heartbeat"))
+
+    async def stop(self, drain_timeout: float = 10.0) -> None:
+        """Publish what is queued (up to ``drain_timeout``), keep the rest in the outbox, close."""
+        self._stopping = True
+        self._wake.set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(drain_timeout):
+                while (self._queue or self.outbox.count) and self._ready:  # noqa: ASYNC110 - watching the publish loop drain
+                    await asyncio.sleep(0.05)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._queue:  # not published in time: keep them for the next start
+            await self._to_outbox(list(self._queue))
+            self._queue.clear()
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+        self.outbox.close()
+
+    def stats(self) -> PublisherStats:
+        return PublisherStats(
+            connected=self._ready,
+            published_total=self.published_total,
+            queued=len(self._queue),
+            outbox_events=self.outbox.count,
+            outbox_bytes=self.outbox.bytes,
+            outbox_max_bytes=self.outbox.max_bytes,
+            dropped_total=self.dropped_total,
+            last_error=self.last_error,
+        )
+
+    # -- connection -----------------------------------------------------------------------------
+    async def _connect_loop(self) -> None:
+        """Connect (retrying forever: nats-py does not retry a failed first connect by itself)."""
+        while self._nc is None:
+            try:
+                self._nc = await nats.connect(
+                    self.nats_url,
+                    name=f"rlsandbox-daemon {self.node_id}",
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    connect_timeout=2,
+                    disconnected_cb=self._on_disconnect,
+                    reconnected_cb=self._on_reconnect,
+                    error_cb=self._on_error,
+                    pending_size=64 * 1024 * 1024,
+                )
+            except Exception as e:
+                self.last_error = f"cannot connect to NATS at {self.nats_url}: {e}"
+                await asyncio.sleep(1.0)
+        self._js = self._nc.jetstream(timeout=self.publish_timeout, publish_async_max_pending=8192)
+        await self._assert_stream()
+
+    async def _assert_stream(self) -> None:
+        while not self._stopping:
+            try:
+                await ensure_stream(self._js, self.stream)
+                self._ready = True
+                self.last_error = ""
+                self._wake.set()
+                log.info("events: connected to %s, stream %s ready", self.nats_url, self.stream)
+                return
+            except Exception as e:
+                self.last_error = f"cannot declare stream {self.stream}: {e}"
+                await asyncio.sleep(1.0)
+
+    async def _on_disconnect(self) -> None:
+        self._ready = False
+        log.warning("events: disconnected from NATS; events go to the outbox meanwhile")
+
+    async def _on_reconnect(self) -> None:
+        asyncio.get_running_loop().create_task(self._assert_stream())
+
+    async def _on_error(self, e: Exception) -> None:
+        self.last_error = str(e)
+
+    # -- publishing -----------------------------------------------------------------------------
+    async def _publish_loop(self) -> None:
+        while True:
+            if not self._queue and not (self.outbox.count and self._ready):
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(1.0):
+                        await self._wake.wait()
+            try:
+                await self._step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # never let the loop die: keep the events in the outbox
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.exception("events: publish loop error")
+                await asyncio.sleep(0.5)
+
+    async def _step(self) -> None:
+        if not self._ready:
+            if self._queue:
+                batch = [self._queue.popleft() for _ in range(min(len(self._queue), BATCH * 8))]
+                await self._to_outbox(batch)
+            else:
+                await asyncio.sleep(0.05)
+            return
+        if self._dropped_unreported:
+            # Published at once, ahead of the outbox: it must not be dropped by the full outbox it reports.
+            n = self._dropped_unreported
+            alert = self._node_event(ALERT, {"kind": "outbox_full", "dropped": n, "dropped_total": self.dropped_total})
+            if await self._publish([(alert.subject, alert.msg_id, alert.to_json())]):
+                self._dropped_unreported -= n
+        if self.outbox.count:
+            # Replay first (order), and route new events behind what is waiting.
+            if self._queue:
+                await self._to_outbox([self._queue.popleft() for _ in range(min(len(self._queue), BATCH * 8))])
+            rows = await asyncio.to_thread(self.outbox.peek, BATCH)
+            if rows and await self._publish([(s, m, p) for _, s, m, p in rows]):
+                await asyncio.to_thread(self.outbox.remove_through, rows[-1][0])
+            elif rows:
+                await asyncio.sleep(0.5)
+            return
+        if len(self._queue) > MEMORY_QUEUE_LIMIT:
+            await self._to_outbox([self._queue.popleft() for _ in range(len(self._queue))])
+            return
+        batch = [self._queue.popleft() for _ in range(min(len(self._queue), BATCH))]
+        if batch and not await self._publish([(e.subject, e.msg_id, e.to_json()) for e in batch]):
+            await self._to_outbox(batch)
+
+    async def _publish(self, records: list[tuple[str, str, bytes]]) -> bool:
+        """Publish records and wait for every acknowledgement; False if any is missing."""
+        futures: list[asyncio.Future[Any]] = []
+        try:
+            async with asyncio.timeout(self.publish_timeout):
+                for subject, msg_id, payload in records:
+                    futures.append(await self._js.publish_async(subject, payload, headers={"Nats-Msg-Id": msg_id}))
+                await asyncio.gather(*futures)
+        except (TimeoutError, nats.errors.Error, nats.js.errors.Error, OSError) as e:
+            for f in futures:
+                f.cancel()
+            self.last_error = f"publish failed ({type(e).__name__}: {e}); batch kept in the outbox"
+            log.warning("events: %s", self.last_error)
+            return False
+        self.published_total += len(records)
+        return True
+
+    async def _to_outbox(self, events: list[Event]) -> None:
+        if not events:
+            return
+        records = [(e.subject, e.msg_id, e.to_json()) for e in events]
+        taken = await asyncio.to_thread(self.outbox.append, records)
+        lost = len(records) - taken
+        if lost:
+            if not self._dropped_unreported:
+                log.error(
+                    "events: outbox full (%d bytes of %d); dropping %d events and counting",
+                    self.outbox.bytes,
+                    self.outbox.max_bytes,
+                    lost,
+                )
+            self.dropped_total += lost
+            self._dropped_unreported += lost
+
+    async def _heartbeat_loop(self) -> None:
+        assert self.heartbeat is not None
+        while True:
+            started = time.monotonic()
+            try:
+                data = self.heartbeat()
+                s = self.stats()
+                data["events"] = {
+                    "published_total": s.published_total,
+                    "outbox_events": s.outbox_events,
+                    "dropped_total": s.dropped_total,
+                }
+                self.emit_node(HEARTBEAT, data)
+            except Exception:
+                log.exception("events: heartbeat failed")
+            await asyncio.sleep(max(0.0, self.heartbeat_interval - (time.monotonic() - started)))

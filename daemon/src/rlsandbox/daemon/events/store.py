@@ -1,0 +1,248 @@
+"""The aggregator's store: an embedded SQLite database (WAL), written idempotently.
+
+Session events are keyed by (session, seq): an event that arrives twice (redelivery, a replayed
+outbox) is counted as a duplicate and changes nothing else. What the events say is kept in plain
+tables (sessions, steps, rewards, nodes, alerts) that the queries read; gaps are the sequence
+numbers a session has not delivered (its highest seq minus the events it has).
+Several aggregator processes may share one database file (SQLite serialises their writes).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rlsandbox.daemon.events.model import ALERT, CLOSED, CREATED, FAILED, FILES, HEARTBEAT, REWARD, STEP, decode
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    session TEXT NOT NULL, seq INTEGER NOT NULL, node TEXT NOT NULL, type TEXT NOT NULL, ts REAL NOT NULL,
+    payload BLOB NOT NULL, PRIMARY KEY (session, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sessions (
+    session TEXT PRIMARY KEY, node TEXT NOT NULL, run TEXT, task TEXT, labels TEXT NOT NULL DEFAULT '{}',
+    created_ts REAL, ended_ts REAL, state TEXT NOT NULL DEFAULT 'open', end_reason TEXT,
+    steps INTEGER NOT NULL DEFAULT 0, events INTEGER NOT NULL DEFAULT 0, max_seq INTEGER NOT NULL DEFAULT 0,
+    duplicates INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS sessions_run ON sessions (run);
+CREATE TABLE IF NOT EXISTS rewards (
+    session TEXT NOT NULL, seq INTEGER NOT NULL, run TEXT, task TEXT, status TEXT NOT NULL, reward REAL,
+    resolved INTEGER NOT NULL, ts REAL NOT NULL, PRIMARY KEY (session, seq)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS rewards_run ON rewards (run);
+CREATE INDEX IF NOT EXISTS rewards_task ON rewards (task);
+CREATE TABLE IF NOT EXISTS node_events (key TEXT PRIMARY KEY, node TEXT NOT NULL, type TEXT NOT NULL, ts REAL NOT NULL,
+    payload BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS nodes (node TEXT PRIMARY KEY, last_heartbeat REAL NOT NULL, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS alerts (key TEXT PRIMARY KEY, node TEXT NOT NULL, session TEXT, kind TEXT NOT NULL,
+    ts REAL NOT NULL, data TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+
+RUN_LABEL = "run"
+TASK_LABEL = "task"
+BUCKETS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+class Store:
+    def __init__(self, path: str | Path, *, run_label: str = RUN_LABEL, task_label: str = TASK_LABEL) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.run_label = run_label
+        self.task_label = task_label
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=60)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=60000")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- writes ---------------------------------------------------------------------------------
+    def apply(self, payloads: Iterable[bytes]) -> tuple[int, int, int]:
+        """Write a batch in one transaction; returns (new events, duplicates, invalid)."""
+        new = dup = bad = 0
+        with self._lock, self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            for payload in payloads:
+                try:
+                    ev = decode(payload)
+                except ValueError:
+                    bad += 1
+                    continue
+                if self._apply_one(ev, payload):
+                    new += 1
+                else:
+                    dup += 1
+            if dup or bad:
+                self._bump("duplicates", dup)
+                self._bump("invalid", bad)
+        return new, dup, bad
+
+    def _bump(self, name: str, n: int) -> None:
+        if n:
+            self._db.execute(
+                "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+                (name, n),
+            )
+
+    def _apply_one(self, ev: dict[str, Any], payload: bytes) -> bool:
+        db = self._db
+        session, seq, node, typ, ts = ev["session"], ev["seq"], ev["node"], ev["type"], float(ev["ts"])
+        data: dict[str, Any] = ev["data"]
+        if not session:  # a node event
+            key = f"{node}/{data.get('instance', '')}:{seq}"
+            cur = db.execute(
+                "INSERT OR IGNORE INTO node_events (key, node, type, ts, payload) VALUES (?, ?, ?, ?, ?)",
+                (key, node, typ, ts, payload),
+            )
+            if cur.rowcount == 0:
+                return False
+            if typ == HEARTBEAT:
+                db.execute(
+                    "INSERT INTO nodes (node, last_heartbeat, data) VALUES (?, ?, ?) ON CONFLICT(node) DO UPDATE SET "
+                    "last_heartbeat = MAX(last_heartbeat, excluded.last_heartbeat), "
+                    "data = CASE WHEN excluded.last_heartbeat >= last_heartbeat THEN excluded.data ELSE data END",
+                    (node, ts, orjson.dumps(data).decode()),
+                )
+            elif typ == ALERT:
+                db.execute(
+                    "INSERT OR IGNORE INTO alerts (key, node, session, kind, ts, data) VALUES (?, ?, NULL, ?, ?, ?)",
+                    (key, node, str(data.get("kind", "")), ts, orjson.dumps(data).decode()),
+                )
+            return True
+        cur = db.execute(
+            "INSERT OR IGNORE INTO events (session, seq, node, type, ts, payload) VALUES (?, ?, ?, ?, ?, ?)",
+            (session, seq, node, typ, ts, payload),
+        )
+        labels: dict[str, Any] = ev["labels"]
+        run, task = labels.get(self.run_label), labels.get(self.task_label)
+        if cur.rowcount == 0:
+            db.execute("UPDATE sessions SET duplicates = duplicates + 1 WHERE session = ?", (session,))
+            return False
+        db.execute(
+            "INSERT INTO sessions (session, node, run, task, labels, events, max_seq) VALUES (?, ?, ?, ?, ?, 1, ?) "
+            "ON CONFLICT(session) DO UPDATE SET events = events + 1, max_seq = MAX(max_seq, excluded.max_seq)",
+            (session, node, run, task, orjson.dumps(labels).decode(), seq),
+        )
+        if typ == CREATED:
+            db.execute("UPDATE sessions SET created_ts = ? WHERE session = ?", (ts, session))
+        elif typ == STEP:
+            db.execute("UPDATE sessions SET steps = steps + 1 WHERE session = ?", (session,))
+        elif typ == REWARD:
+            db.execute(
+                "INSERT OR IGNORE INTO rewards (session, seq, run, task, status, reward, resolved, ts) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (session, seq, run, task, str(data.get("status", "")), data.get("reward"), int(bool(data.get("resolved"))), ts),
+            )
+        elif typ in (CLOSED, FAILED):
+            db.execute(
+                "UPDATE sessions SET ended_ts = ?, state = ?, end_reason = ? WHERE session = ?",
+                (ts, typ, str(data.get("reason", "")), session),
+            )
+        elif typ == ALERT:
+            db.execute(
+                "INSERT OR IGNORE INTO alerts (key, node, session, kind, ts, data) VALUES (?, ?, ?, ?, ?, ?)",
+                (f"{session}:{seq}", node, session, str(data.get("kind", "")), ts, orjson.dumps(data).decode()),
+            )
+        elif typ == FILES:
+            pass
+        return True
+
+    # -- queries --------------------------------------------------------------------------------
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        with self._lock:
+            cur = self._db.execute(sql, args)
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    def _reward_stats(self, group: str, where: str = "", args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        rows = self._rows(
+            f"SELECT {group} AS name, COUNT(*) AS gradings, SUM(status = 'ok') AS ok, "
+            f"SUM(status = 'infra_error') AS infra_errors, "
+            f"SUM(status = 'timeout') AS timeouts, SUM(status = 'invalid_task') AS invalid, AVG(reward) AS mean_reward, "
+            f"AVG(CASE WHEN reward IS NOT NULL THEN resolved END) AS pass_rate, COUNT(DISTINCT session) AS sessions, "
+            f"SUM(reward IS NOT NULL AND reward <= 0) AS r0, SUM(reward > 0 AND reward <= 0.25) AS r1, "
+            f"SUM(reward > 0.25 AND reward <= 0.5) AS r2, SUM(reward > 0.5 AND reward < 1) AS r3, SUM(reward >= 1) AS r4 "
+            f"FROM rewards {where} GROUP BY {group} ORDER BY {group}",
+            args,
+        )
+        for r in rows:
+            r["distribution"] = {"0": r.pop("r0") or 0, "(0,.25]": r.pop("r1") or 0, "(.25,.5]": r.pop("r2") or 0,
+                                 "(.5,1)": r.pop("r3") or 0, "1": r.pop("r4") or 0}  # fmt: skip
+        return rows
+
+    def runs(self) -> list[dict[str, Any]]:
+        stats = {r["name"]: r for r in self._reward_stats("run")}
+        rows = self._rows(
+            "SELECT run AS name, COUNT(*) AS sessions_seen, SUM(steps) AS steps, SUM(state = 'open') AS open, "
+            "SUM(max_seq - events) AS missing_events, SUM(duplicates) AS duplicates FROM sessions GROUP BY run ORDER BY run"
+        )
+        for r in rows:
+            r.update({k: v for k, v in stats.get(r["name"], {}).items() if k not in ("name", "sessions")})
+        return rows
+
+    def tasks(self, run: str | None = None) -> list[dict[str, Any]]:
+        if run is None:
+            return self._reward_stats("task")
+        return self._reward_stats("task", "WHERE run = ?", (run,))
+
+    def nodes(self) -> list[dict[str, Any]]:
+        rows = self._rows("SELECT node, last_heartbeat, data FROM nodes ORDER BY node")
+        for r in rows:
+            r["data"] = orjson.loads(r["data"])
+        return rows
+
+    def alerts(self, limit: int = 100) -> list[dict[str, Any]]:
+        rows = self._rows("SELECT node, session, kind, ts, data FROM alerts ORDER BY ts DESC LIMIT ?", (limit,))
+        for r in rows:
+            r["data"] = orjson.loads(r["data"])
+        return rows
+
+    def integrity(self) -> dict[str, Any]:
+        with self._lock:
+            events = self._db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+            sessions, missing, dups = self._db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(max_seq - events), 0), COALESCE(SUM(duplicates), 0) FROM sessions"
+            ).fetchone()
+            gaps = self._db.execute("SELECT COUNT(*) FROM sessions WHERE max_seq > events").fetchone()[0]
+            counters = dict(self._db.execute("SELECT name, value FROM counters").fetchall())
+        return {
+            "events": events,
+            "sessions": sessions,
+            "sessions_with_gaps": gaps,
+            "missing_events": missing,
+            "duplicates": dups,
+            "duplicates_total": counters.get("duplicates", 0),
+            "invalid": counters.get("invalid", 0),
+        }
+
+    def timeline(self, session: str) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute("SELECT payload FROM events WHERE session = ? ORDER BY seq", (session,)).fetchall()
+        return [orjson.loads(r[0]) for r in rows]
+
+    def trajectories(self, run: str) -> Iterator[dict[str, Any]]:
+        """One record per session of ``run``: its labels, steps, rewards and end, in order."""
+        for s in self._rows("SELECT * FROM sessions WHERE run = ? ORDER BY created_ts, session", (run,)):
+            events = self.timeline(s["session"])
+            yield {
+                "session": s["session"],
+                "node": s["node"],
+                "run": s["run"],
+                "task": s["task"],
+                "labels": orjson.loads(s["labels"]),
+                "created_ts": s["created_ts"],
+                "ended_ts": s["ended_ts"],
+                "end": s["state"],
+                "end_reason": s["end_reason"],
+                "complete": s["max_seq"] == s["events"] and s["state"] != "open",
+                "steps": [dict(e["data"], seq=e["seq"], ts=e["ts"]) for e in events if e["type"] == STEP],
+                "files": [dict(e["data"], seq=e["seq"], ts=e["ts"]) for e in events if e["type"] == FILES],
+                "rewards": [dict(e["data"], seq=e["seq"], ts=e["ts"]) for e in events if e["type"] == REWARD],
+            }

@@ -1,0 +1,300 @@
+"""Events over a real nats-server (JetStream) into the aggregator: in order, none lost, none doubled."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from helpers import daemon_config
+from rlsandbox.client import AsyncClient, AsyncSession
+from rlsandbox.daemon.config import DaemonConfig, PoolConfig
+from rlsandbox.daemon.events.aggregator import Aggregator
+from rlsandbox.daemon.events.nats_server import NatsServer, free_port
+from rlsandbox.daemon.events.store import Store
+from rlsandbox.daemon.grading.task import load_tasks
+from rlsandbox.daemon.server import NodeDaemon
+
+pytestmark = pytest.mark.docker
+
+TASKS = Path(__file__).resolve().parent.parent / "fixtures" / "tasks"
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{what} not reached within {timeout:.0f} s")
+
+
+def events_config(tmp: Path, url: str, **extra: object) -> DaemonConfig:
+    options: dict[str, object] = {
+        "nats_url": url,
+        "events_outbox": str(tmp / "outbox.sqlite3"),
+        "heartbeat_interval": 0.5,
+        "events_publish_timeout": 1.0,
+        "pools": [
+            PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=16),
+            PoolConfig(name="busybox", image="rlsandbox/busybox:latest", min_ready=4, max_total=64, memory_mb=64, pids=64),
+        ],
+    }
+    return daemon_config(**{**options, **extra})
+
+
+@pytest.fixture
+async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
+    server = NatsServer(tmp_path / "jetstream")
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+async def aggregator(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Aggregator]:
+    agg = Aggregator(nats_server.url, tmp_path / "agg.sqlite3", http="127.0.0.1:0")
+    task = asyncio.create_task(agg.run())
+    await asyncio.wait_for(agg.started.wait(), 30)
+    try:
+        yield agg
+    finally:
+        agg.stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def run_steps(s: AsyncSession, until: float, counter: list[int]) -> None:
+    while time.monotonic() < until:
+        r = await s.exec(["echo", "x"])
+        assert r.exit_code == 0
+        counter[0] += 1
+
+
+async def test_full_episode_arrives_in_order(
+    nats_server: NatsServer, aggregator: Aggregator, tmp_path: Path, images: dict[str, str]
+) -> None:
+    task = next(t for t in load_tasks(TASKS) if t.id == "py-calc")
+    node = NodeDaemon(events_config(tmp_path, nats_server.url))
+    await node.start()
+    try:
+        async with AsyncClient(node.address) as client:
+            async with client.session(task=task, labels={"run": "run-1"}) as s:
+                await s.exec(["python3", "-c", "print('hello')"])
+                await s.exec("exit 3")
+                await s.write_files({"notes.txt": "abc"})
+                graded = await s.grade()
+                sid = s.id
+            store = aggregator.store
+
+            async def closed() -> bool:
+                tl = await asyncio.to_thread(store.timeline, sid)
+                return bool(tl) and tl[-1]["type"] == "closed"
+
+            await eventually(closed, what="the closed event")
+            status = await client.node_status()
+    finally:
+        await node.stop()
+    timeline = store.timeline(sid)
+    assert [e["type"] for e in timeline] == ["created", "step", "step", "files", "reward", "closed"]
+    assert [e["seq"] for e in timeline] == [1, 2, 3, 4, 5, 6]
+    assert all(e["labels"] == {"run": "run-1", "task": "py-calc"} and e["node"] == node.config.node_id for e in timeline)
+    created, step1, step2, files, reward, end = timeline
+    assert created["data"]["pool"] == "python" and created["data"]["task"] == "py-calc"
+    assert step1["data"]["argv"] == ["python3", "-c", "print('hello')"] and step1["data"]["stdout_bytes"] == 6
+    assert step2["data"]["shell"] == "exit 3" and step2["data"]["exit_code"] == 3
+    assert files["data"]["files"] == [{"path": "/workspace/notes.txt", "bytes": 3}]
+    assert reward["data"]["status"] == "ok" and reward["data"]["reward"] == graded.reward == 0.0
+    assert end["data"]["reason"] == "closed by client"
+    assert timeline[0]["ts"] <= timeline[-1]["ts"]
+    # Rewards by run and task, node health from heartbeats, and the same through the HTTP API.
+    (run,) = store.runs()
+    assert run["name"] == "run-1" and run["gradings"] == 1 and run["mean_reward"] == 0.0 and run["missing_events"] == 0
+    assert store.tasks("run-1")[0]["name"] == "py-calc"
+    nodes = store.nodes()
+    assert nodes[0]["node"] == node.config.node_id and "pools" in nodes[0]["data"]
+    assert status.events.connected and status.events.published_total >= 6 and status.events.dropped_total == 0
+    import urllib.request
+
+    body = await asyncio.to_thread(
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{aggregator.http_port}/v1/sessions/{sid}", timeout=10).read()
+    )
+    assert [e["type"] for e in json.loads(body)] == [e["type"] for e in timeline]
+
+
+async def test_nats_down_for_10_s_loses_nothing(
+    nats_server: NatsServer, aggregator: Aggregator, tmp_path: Path, images: dict[str, str]
+) -> None:
+    node = NodeDaemon(events_config(tmp_path, nats_server.url))
+    await node.start()
+    counter = [0]
+    try:
+        async with AsyncClient(node.address) as client:
+            sessions = [await client.create_session("busybox", labels={"run": "outage"}) for _ in range(8)]
+            start = time.monotonic()
+            load = asyncio.gather(*(run_steps(s, start + 16, counter) for s in sessions))
+            await asyncio.sleep(2)
+            await nats_server.stop()
+            before_outage = counter[0]
+            await asyncio.sleep(10)
+            during = counter[0] - before_outage
+            outbox_peak = (await client.node_status()).events.outbox_events
+            await nats_server.start()
+            await load
+            for s in sessions:
+                await s.close()
+            ids = {s.id for s in sessions}
+
+            async def all_closed() -> bool:
+                integ = await asyncio.to_thread(aggregator.store.integrity)
+                runs = await asyncio.to_thread(aggregator.store.runs)
+                outage = next((r for r in runs if r["name"] == "outage"), None)
+                return (
+                    outage is not None
+                    and outage["open"] == 0
+                    and outage["sessions_seen"] == len(ids)
+                    and integ["missing_events"] == 0
+                )
+
+            await eventually(all_closed, timeout=90, what="every session's events, closed and without gaps")
+            status = await client.node_status()
+    finally:
+        await node.stop()
+    assert during > 50, "sessions must keep being served while NATS is down"
+    assert outbox_peak > 0, "events went to the outbox during the outage"
+    store = aggregator.store
+    steps = sum(len([e for e in store.timeline(sid) if e["type"] == "step"]) for sid in ids)
+    assert steps == counter[0]  # every step, none lost
+    for sid in ids:
+        seqs = [e["seq"] for e in store.timeline(sid)]
+        assert seqs == list(range(1, len(seqs) + 1))  # in order, no gap, no duplicate row
+    assert status.events.dropped_total == 0 and status.events.outbox_events == 0
+
+
+async def test_outbox_full_counts_drops_and_alerts(tmp_path: Path, images: dict[str, str]) -> None:
+    port = free_port()
+    url = f"nats://127.0.0.1:{port}"
+    node = NodeDaemon(events_config(tmp_path, url, events_outbox_max_bytes=20_000, heartbeat_interval=0))
+    await node.start()
+    server = NatsServer(tmp_path / "js", port=port)
+    try:
+        async with AsyncClient(node.address) as client:
+            async with client.session("busybox", labels={"run": "full"}) as s:
+                for _ in range(150):  # ~300 bytes an event: far more than 20 kB
+                    assert (await s.exec(["true"])).exit_code == 0  # served all along
+                status = (await client.node_status()).events
+                assert not status.connected and status.dropped_total > 0
+                assert status.outbox_bytes <= 20_000 and status.outbox_events > 0
+                dropped = status.dropped_total
+            await server.start()
+            agg = Aggregator(url, tmp_path / "agg.sqlite3")
+            agg_task = asyncio.create_task(agg.run())
+            try:
+
+                async def alerted() -> bool:
+                    return any(a["kind"] == "outbox_full" for a in await asyncio.to_thread(agg.store.alerts))
+
+                await eventually(alerted, what="the outbox_full alert")
+                alerts = [a for a in agg.store.alerts() if a["kind"] == "outbox_full"]
+                assert node.events is not None
+                # Every dropped event is accounted for by an alert (the session's close came after the reading).
+                assert sum(a["data"]["dropped"] for a in alerts) == node.events.stats().dropped_total >= dropped
+                # What the outbox held arrives; the session's end was dropped, so it shows as not ended.
+                held = status.outbox_events
+
+                async def replayed() -> bool:
+                    return bool((await asyncio.to_thread(agg.store.integrity))["events"] >= held)
+
+                await eventually(replayed, what="the outbox replay")
+                assert next(r for r in agg.store.runs() if r["name"] == "full")["open"] == 1
+            finally:
+                agg.stop()
+                await agg_task
+    finally:
+        await node.stop()
+        await server.stop()
+
+
+async def _aggregator_process(url: str, db: Path) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rlsandbox.daemon.cli", "--log-level", "WARNING", "aggregator", "--nats", url, "--db", str(db),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+
+
+async def test_aggregator_killed_and_restarted_resumes(nats_server: NatsServer, tmp_path: Path, images: dict[str, str]) -> None:
+    db = tmp_path / "agg.sqlite3"
+    node = NodeDaemon(events_config(tmp_path, nats_server.url))
+    await node.start()
+    counter = [0]
+    proc = await _aggregator_process(nats_server.url, db)
+    try:
+        async with AsyncClient(node.address) as client:
+            sessions = [await client.create_session("busybox", labels={"run": "kill"}) for _ in range(6)]
+            load = asyncio.gather(*(run_steps(s, time.monotonic() + 8, counter) for s in sessions))
+            await asyncio.sleep(3)
+            os.kill(proc.pid, signal.SIGKILL)  # mid-stream, without warning
+            await proc.wait()
+            await asyncio.sleep(1)
+            proc = await _aggregator_process(nats_server.url, db)
+            await load
+            for s in sessions:
+                await s.close()
+        store = Store(db)
+        ids = {s.id for s in sessions}
+
+        async def complete() -> bool:
+            runs = await asyncio.to_thread(store.runs)
+            r = next((r for r in runs if r["name"] == "kill"), None)
+            return r is not None and r["open"] == 0 and r["sessions_seen"] == len(ids) and r["missing_events"] == 0
+
+        await eventually(complete, timeout=60, what="the restarted aggregator to catch up")
+        steps = sum(len([e for e in store.timeline(sid) if e["type"] == "step"]) for sid in ids)
+        assert steps == counter[0]
+        store.close()
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            await proc.wait()
+        await node.stop()
+
+
+async def test_two_aggregators_share_the_work(nats_server: NatsServer, tmp_path: Path, images: dict[str, str]) -> None:
+    db = tmp_path / "shared.sqlite3"
+    aggs = [Aggregator(nats_server.url, db, batch=50) for _ in range(2)]
+    tasks = [asyncio.create_task(a.run()) for a in aggs]
+    node = NodeDaemon(events_config(tmp_path, nats_server.url))
+    await node.start()
+    counter = [0]
+    try:
+        await asyncio.gather(*(asyncio.wait_for(a.started.wait(), 30) for a in aggs))
+        async with AsyncClient(node.address) as client:
+            sessions = [await client.create_session("busybox", labels={"run": "shared"}) for _ in range(8)]
+            await asyncio.gather(*(run_steps(s, time.monotonic() + 5, counter) for s in sessions))
+            for s in sessions:
+                await s.close()
+
+        async def complete() -> bool:
+            runs = await asyncio.to_thread(aggs[0].store.runs)
+            r = next((r for r in runs if r["name"] == "shared"), None)
+            return r is not None and r["open"] == 0 and r["missing_events"] == 0 and r["sessions_seen"] == 8
+
+        await eventually(complete, what="both aggregators to drain the stream")
+    finally:
+        for a in aggs:
+            a.stop()
+        await asyncio.gather(*tasks)
+        await node.stop()
+    assert all(a.applied_total > 0 for a in aggs), [a.applied_total for a in aggs]
+    check = Store(db)
+    assert check.integrity()["duplicates"] == 0
+    steps = check.runs()
+    check.close()
+    assert next(r for r in steps if r["name"] == "shared")["steps"] == counter[0]
