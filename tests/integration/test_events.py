@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -127,6 +128,16 @@ async def test_full_episode_arrives_in_order(
         lambda: urllib.request.urlopen(f"http://127.0.0.1:{aggregator.http_port}/v1/sessions/{sid}", timeout=10).read()
     )
     assert [e["type"] for e in json.loads(body)] == [e["type"] for e in timeline]
+    # The command line reads the same database: stats tables and the trajectory export.
+    db = str(tmp_path / "agg.sqlite3")
+    cli = [sys.executable, "-m", "rlsandbox.daemon.cli"]
+    stats = subprocess.run([*cli, "stats", "runs", "--db", db], capture_output=True, text=True, check=True).stdout
+    assert stats.splitlines()[2].split()[:5] == ["run-1", "1", "0", "2", "1"]  # name, sessions, open, steps, gradings
+    out = tmp_path / "traj.jsonl"
+    subprocess.run([*cli, "trajectories", "export", "--run", "run-1", "--db", db, "--out", str(out)], check=True)
+    (episode,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert episode["session"] == sid and episode["complete"] and episode["task"] == "py-calc"
+    assert [s["exit_code"] for s in episode["steps"]] == [0, 3] and episode["rewards"][0]["reward"] == 0.0
 
 
 async def test_nats_down_for_10_s_loses_nothing(

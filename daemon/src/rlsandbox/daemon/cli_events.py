@@ -104,6 +104,8 @@ async def _export(args: argparse.Namespace) -> int:
         for trajectory in store.trajectories(args.run):
             out.write(orjson.dumps(trajectory) + b"\n")
             n += 1
+    except BrokenPipeError:  # the reader (head, less) went away: not an error of ours
+        return 0
     finally:
         if out is not sys.stdout.buffer:
             out.close()

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -160,11 +163,44 @@ async def _demo_graded(client: Any, pool: str) -> bool:
 
 
 async def _up(args: argparse.Namespace) -> int:
-    from rlsandbox.daemon.server import NodeDaemon, run_until_signalled
-
     config = _config(args)
     await ensure_docker(config.docker_socket)
     await ensure_images(config, config.docker_socket)
+    async with contextlib.AsyncExitStack() as stack:
+        aggregator = None
+        if not config.nats_url and not args.no_events:
+            config, aggregator = await stack.enter_async_context(_embedded_events(config, Path(args.state_dir)))
+        return await _serve_with_demo(config, args, aggregator)
+    raise AssertionError("unreachable")
+
+
+@contextlib.asynccontextmanager
+async def _embedded_events(config: DaemonConfig, state: Path) -> AsyncIterator[tuple[DaemonConfig, Any]]:
+    """No NATS configured: a local nats-server with JetStream and an aggregator, for this run."""
+    from rlsandbox.daemon.events.aggregator import Aggregator
+    from rlsandbox.daemon.events.nats_server import NatsServer, free_port
+
+    port = 4222
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
+            port = free_port()  # something listens on the default port already: use another one
+    server = NatsServer(state / "jetstream", port=port)
+    await server.start()
+    aggregator = Aggregator(server.url, state / "aggregator.sqlite3", http="127.0.0.1:7421")
+    agg_task = asyncio.create_task(aggregator.run())
+    print(f"events: embedded nats-server {server.url} (store {state / 'jetstream'}), aggregator {state / 'aggregator.sqlite3'}")
+    try:
+        updated = config.model_copy(update={"nats_url": server.url, "events_outbox": str(state / "events-outbox.sqlite3")})
+        yield updated, aggregator
+    finally:
+        aggregator.stop()
+        await asyncio.wait_for(agg_task, 30)
+        await server.stop()
+
+
+async def _serve_with_demo(config: DaemonConfig, args: argparse.Namespace, aggregator: Any = None) -> int:
+    from rlsandbox.daemon.server import NodeDaemon, run_until_signalled
+
     daemon = NodeDaemon(config)
     outcome: dict[str, bool] = {}
 
@@ -174,6 +210,8 @@ async def _up(args: argparse.Namespace) -> int:
         while pool is not None and pool.stats().ready == 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.1)  # let the warm pool fill, so the demo shows a warm hand-out
         outcome["ok"] = await demo_episode(d.address, args.demo_pool)
+        if aggregator is not None:
+            await _show_demo_events(aggregator)
         if args.demo_only:
             await d.stop()
         else:
@@ -181,6 +219,27 @@ async def _up(args: argparse.Namespace) -> int:
 
     await run_until_signalled(daemon, on_ready=after_start)
     return 0 if outcome.get("ok", not args.demo_only) else 1
+
+
+async def _show_demo_events(aggregator: Any, timeout: float = 15.0) -> None:
+    """What the aggregator received of the demo run (its sessions closed, rewards counted)."""
+    deadline = time.monotonic() + timeout
+    row: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        row = next((r for r in await asyncio.to_thread(aggregator.store.runs) if r["name"] == "demo"), None)
+        if row is not None and row["open"] == 0 and row.get("gradings"):
+            break
+        await asyncio.sleep(0.2)
+    if row is None:
+        print("events: the aggregator has not received the demo's events yet")
+        return
+    integrity = await asyncio.to_thread(aggregator.store.integrity)
+    print(
+        f"\nevents: aggregator got run 'demo': {row['sessions_seen']} sessions, {row['steps']} steps, "
+        f"{row.get('gradings', 0)} gradings, mean reward {row.get('mean_reward') or 0:.2f}; "
+        f"{integrity['events']} events, {integrity['missing_events']} missing, {integrity['duplicates']} duplicates "
+        "(rlsandbox stats --db <state-dir>/aggregator.sqlite3)"
+    )
 
 
 async def _status(args: argparse.Namespace) -> int:
@@ -216,6 +275,8 @@ def add_commands(sub: Any) -> None:
     _add_daemon_options(up)
     up.add_argument("--demo-only", action="store_true", help="stop after the demo episode")
     up.add_argument("--demo-pool", default="python", help="pool of the demo episode (default python)")
+    up.add_argument("--state-dir", default="/var/lib/rlsandbox", help="embedded NATS store and aggregator database")
+    up.add_argument("--no-events", action="store_true", help="no embedded nats-server and aggregator")
     up.set_defaults(handler=_up)
     status = sub.add_parser("status", help="show a daemon's pools and sessions")
     status.add_argument("--target", default="127.0.0.1:7420")

@@ -205,7 +205,8 @@ class EventPublisher:
 
     async def _on_disconnect(self) -> None:
         self._ready = False
-        log.warning("events: disconnected from NATS; events go to the outbox meanwhile")
+        if not self._stopping:
+            log.warning("events: disconnected from NATS; events go to the outbox meanwhile")
 
     async def _on_reconnect(self) -> None:
         asyncio.get_running_loop().create_task(self._assert_stream())
