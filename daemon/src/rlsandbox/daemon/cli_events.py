@@ -119,7 +119,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     agg.add_argument("--nats", default="nats://127.0.0.1:4222", help="NATS server URL(s)")
     agg.add_argument("--db", default=DEFAULT_DB, help=f"SQLite database (default {DEFAULT_DB})")
     agg.add_argument("--http", default="127.0.0.1:7421", help="HTTP query API address ('' to disable)")
-    agg.add_argument("--durable", default="rlsandbox-aggregator", help="durable consumer name (shared by aggregators)")
+    agg.add_argument(
+        "--durable", default="rlsandbox-aggregators", help="durable consumer and queue group (shared by aggregators)"
+    )
     agg.set_defaults(handler=_aggregator)
 
     st = sub.add_parser("stats", help="rewards by run and task, node health, alerts, integrity")

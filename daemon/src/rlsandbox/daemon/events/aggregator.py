@@ -1,7 +1,7 @@
 """The central aggregator: a durable JetStream consumer writing into the store, and a query API.
 
-Several aggregator processes can share the work: they bind to the same durable pull consumer, so
-each message goes to one of them; the store's primary keys make a redelivered message harmless.
+Several aggregator processes can share the work: they bind to the same durable consumer as one
+queue group, so each message goes to one of them; the store's primary keys make a redelivered message harmless.
 A message is acknowledged only after the transaction holding it committed, so an aggregator
 killed at any point loses nothing: what it had not acknowledged is delivered again.
 
@@ -23,12 +23,17 @@ import nats.js.errors
 import orjson
 from aiohttp import web
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from rlsandbox.daemon.events.model import CONSUMER, STREAM, SUBJECT_ROOT
 from rlsandbox.daemon.events.publisher import ensure_stream
 from rlsandbox.daemon.events.store import Store
 
 log = logging.getLogger(__name__)
+
+ACK_WAIT = 10.0  # seconds before an unacknowledged message (its aggregator died) is delivered again
+MAX_ACK_PENDING = 20_000
+FLUSH_INTERVAL = 0.05  # seconds a partial batch waits before it is written
 
 
 class Aggregator:
@@ -93,33 +98,57 @@ class Aggregator:
         )
         js = self._nc.jetstream(timeout=10)
         await ensure_stream(js, self.stream)
+        # One durable push consumer with a fixed delivery subject, created idempotently (the same
+        # config from every aggregator), and a queue subscription on that subject from each one:
+        # every aggregator gets a share. (Binding through js.subscribe raced when two aggregators
+        # started at once: the second re-created the consumer with its own delivery inbox.)
+        deliver = f"_RLSANDBOX.deliver.{self.durable}"
         config = ConsumerConfig(
             durable_name=self.durable,
+            deliver_group=self.durable,
+            deliver_subject=deliver,
+            filter_subject=f"{SUBJECT_ROOT}.>",
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
-            ack_wait=30,
-            max_ack_pending=50_000,
+            ack_wait=ACK_WAIT,
+            max_ack_pending=MAX_ACK_PENDING,
             max_deliver=-1,
         )
-        sub = await js.pull_subscribe(f"{SUBJECT_ROOT}.>", durable=self.durable, stream=self.stream, config=config)
+        buffer: list[Msg] = []
+        wake = asyncio.Event()
+
+        async def on_msg(msg: Msg) -> None:
+            buffer.append(msg)
+            if len(buffer) >= self.batch:
+                wake.set()
+
+        await js.add_consumer(self.stream, config)
+        sub = await self._nc.subscribe(deliver, queue=self.durable, cb=on_msg, pending_msgs_limit=4 * MAX_ACK_PENDING)
         self.started.set()
         log.info("aggregator: consuming %s as %s into %s", self.stream, self.durable, self.store.path)
-        while not self._stop.is_set():
-            try:
-                msgs = await sub.fetch(self.batch, timeout=1.0)
-            except TimeoutError:
-                continue
-            if not msgs:
-                continue
-            new, dup, bad = await asyncio.to_thread(self.store.apply, [m.data for m in msgs])
-            self.applied_total += new
-            self.duplicates_total += dup
-            self.invalid_total += bad
-            if bad:
-                log.warning("aggregator: %d message(s) that are not rlsandbox v1 events were skipped", bad)
-            for m in msgs:
-                await m.ack()
-            await self._nc.flush()
+        try:
+            while not self._stop.is_set():
+                if len(buffer) < self.batch:
+                    wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(FLUSH_INTERVAL):
+                            await wake.wait()
+                if not buffer:
+                    continue
+                msgs, buffer[:] = buffer[:], []
+                new, dup, bad = await asyncio.to_thread(self.store.apply, [m.data for m in msgs])
+                self.applied_total += new
+                self.duplicates_total += dup
+                self.invalid_total += bad
+                if bad:
+                    log.warning("aggregator: %d message(s) that are not rlsandbox v1 events were skipped", bad)
+                # Acknowledged only now that the transaction holding them committed.
+                for m in msgs:
+                    await self._nc.publish(m.reply, b"+ACK")
+                await self._nc.flush()
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     # -- HTTP API -------------------------------------------------------------------------------
     async def _start_http(self, listen: str) -> None:

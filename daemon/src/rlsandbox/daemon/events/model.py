@@ -27,7 +27,7 @@ SUBJECT_ROOT = "rlsandbox.v1"
 STREAM = "RLSANDBOX_EVENTS"
 STREAM_SUBJECTS = [f"{SUBJECT_ROOT}.>"]
 DUPLICATE_WINDOW = 20 * 60.0  # seconds: longer than any outage the outbox is sized for
-CONSUMER = "rlsandbox-aggregator"
+CONSUMER = "rlsandbox-aggregators"  # the durable consumer, and the queue group of the aggregators
 
 # Session event types (subject rlsandbox.v1.<node>.session.<session>.<type>).
 CREATED = "created"

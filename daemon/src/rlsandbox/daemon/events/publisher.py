@@ -28,6 +28,7 @@ import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js.api import StorageType, StreamConfig
 from rlsandbox.daemon.events.model import (
     ALERT,
@@ -71,6 +72,16 @@ async def ensure_stream(js: Any, stream: str = STREAM) -> None:
         await js.update_stream(config)
 
 
+class _Acks:
+    __slots__ = ("acked", "done", "error", "expected")
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.acked = 0
+        self.error = ""
+        self.done = asyncio.Event()
+
+
 class EventPublisher:
     """Publishes the node's events. ``start()``, ``emit()`` any number of times, ``stop()``.
 
@@ -81,6 +92,7 @@ class EventPublisher:
         publish_timeout: seconds for a batch's acknowledgements before it goes to the outbox.
         heartbeat_interval: seconds between node heartbeats (0: none).
         heartbeat: returns the heartbeat's data (capacity, pools, load, version).
+        linger: seconds a non-full batch waits for more events before it is published.
     """
 
     def __init__(
@@ -95,7 +107,9 @@ class EventPublisher:
         heartbeat_interval: float = 5.0,
         heartbeat: Callable[[], dict[str, Any]] | None = None,
         stream: str = STREAM,
+        linger: float = 0.02,
     ) -> None:
+        self.linger = linger
         self.node_id = node_id
         self.instance = instance
         self.nats_url = nats_url
@@ -108,6 +122,9 @@ class EventPublisher:
         self._wake = asyncio.Event()
         self._nc: NATS | None = None
         self._js: Any = None
+        self._ack_prefix: str | None = None
+        self._acks: dict[int, _Acks] = {}
+        self._batch_no = 0
         self._ready = False  # connected and the stream asserted
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -187,7 +204,7 @@ class EventPublisher:
             except Exception as e:
                 self.last_error = f"cannot connect to NATS at {self.nats_url}: {e}"
                 await asyncio.sleep(1.0)
-        self._js = self._nc.jetstream(timeout=self.publish_timeout, publish_async_max_pending=8192)
+        self._js = self._nc.jetstream(timeout=self.publish_timeout)
         await self._assert_stream()
 
     async def _assert_stream(self) -> None:
@@ -222,6 +239,10 @@ class EventPublisher:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(1.0):
                         await self._wake.wait()
+            if self.linger and self._ready and len(self._queue) < BATCH and not self._stopping:
+                # Let a batch gather: one wake-up, one round of acknowledgements for many events,
+                # instead of a publish round on the daemon's loop after every command.
+                await asyncio.sleep(self.linger)
             try:
                 await self._step()
             except asyncio.CancelledError:
@@ -263,21 +284,49 @@ class EventPublisher:
             await self._to_outbox(batch)
 
     async def _publish(self, records: list[tuple[str, str, bytes]]) -> bool:
-        """Publish records and wait for every acknowledgement; False if any is missing."""
-        futures: list[asyncio.Future[Any]] = []
+        """Publish records and wait for every acknowledgement; False if any is missing.
+
+        JetStream acknowledges a message by answering its reply subject. Instead of a future per
+        message (nats-py's publish_async: ~40% of the publisher's CPU, measured), a batch's
+        replies are counted by one subscription: ``<inbox>.<batch>.<index>``.
+        """
+        assert self._nc is not None
+        if self._ack_prefix is None:
+            self._ack_prefix = self._nc.new_inbox()
+            await self._nc.subscribe(f"{self._ack_prefix}.*.*", cb=self._on_ack)
+        self._batch_no += 1
+        batch_no = self._batch_no
+        state = _Acks(len(records))
+        self._acks[batch_no] = state
+        prefix = f"{self._ack_prefix}.{batch_no}."
         try:
             async with asyncio.timeout(self.publish_timeout):
-                for subject, msg_id, payload in records:
-                    futures.append(await self._js.publish_async(subject, payload, headers={"Nats-Msg-Id": msg_id}))
-                await asyncio.gather(*futures)
+                for i, (subject, msg_id, payload) in enumerate(records):
+                    await self._nc.publish(subject, payload, reply=prefix + str(i), headers={"Nats-Msg-Id": msg_id})
+                await state.done.wait()
+            if state.error:
+                raise nats.js.errors.Error(state.error)
         except (TimeoutError, nats.errors.Error, nats.js.errors.Error, OSError) as e:
-            for f in futures:
-                f.cancel()
             self.last_error = f"publish failed ({type(e).__name__}: {e}); batch kept in the outbox"
             log.warning("events: %s", self.last_error)
             return False
+        finally:
+            self._acks.pop(batch_no, None)
         self.published_total += len(records)
         return True
+
+    async def _on_ack(self, msg: Msg) -> None:
+        batch_no = int(msg.subject.rsplit(".", 2)[-2])
+        state = self._acks.get(batch_no)
+        if state is None:
+            return  # a late answer for a batch that timed out (it is in the outbox)
+        if not msg.data or b'"error"' in msg.data:  # no stream answered (503), or the stream refused it
+            state.error = (msg.headers or {}).get("Description", "") or msg.data.decode(errors="replace")[:300] or "no ack"
+            state.done.set()
+            return
+        state.acked += 1
+        if state.acked >= state.expected:
+            state.done.set()
 
     async def _to_outbox(self, events: list[Event]) -> None:
         if not events:
