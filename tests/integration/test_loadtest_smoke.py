@@ -4,7 +4,7 @@ benchmarks live in loadtest/ and their results in docs/BENCHMARKS.md)."""
 from __future__ import annotations
 
 import pytest
-from rlsandbox.loadtest import api_bench, foundation, grading_bench
+from rlsandbox.loadtest import api_bench, events_bench, foundation, grading_bench
 
 pytestmark = pytest.mark.docker
 
@@ -27,3 +27,11 @@ async def test_grading_benchmark_runs(images: dict[str, str]) -> None:
     assert results["evaluate_clean_room"]["n"] == 2 and results["daemon_exit_code"] == 0
     assert results["validation"]["verdicts"]["valid"] >= 2  # py-calc and node-strings
     assert "clean room" in grading_bench.render(results)
+
+
+async def test_events_benchmark_runs(images: dict[str, str]) -> None:
+    results = await events_bench.bench(events=2000, execs=100)
+    e = results["end_to_end"]
+    assert e["integrity"]["events"] == 2000 and e["integrity"]["missing_events"] == 0
+    assert results["exec_overhead"]["published_by_daemon"] > 100  # the "on" daemon really published
+    assert "end to end" in events_bench.render(results)
