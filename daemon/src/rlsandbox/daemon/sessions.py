@@ -431,8 +431,7 @@ class SessionManager:
         session.transition(SessionState.FAILED)
         self.sessions.pop(session.id, None)
         self._bury(session, reason)
-        oom = "oom" in reason.lower()
-        self._emit(session, ev.ALERT, {"kind": "oom_killed" if oom else "sandbox_died", "reason": reason})
+        self._emit(session, ev.ALERT, {"kind": "sandbox_died", "reason": reason})
         self._emit(session, ev.FAILED, {"reason": reason, "steps": session.steps})
         if session.sandbox is not None:
             await session.pool.release(session.sandbox, reason)
