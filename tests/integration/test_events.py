@@ -12,11 +12,13 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import nats
 import pytest
 from helpers import daemon_config
 from rlsandbox.client import AsyncClient, AsyncSession
 from rlsandbox.daemon.config import DaemonConfig, PoolConfig
 from rlsandbox.daemon.events.aggregator import Aggregator
+from rlsandbox.daemon.events.model import STREAM, token
 from rlsandbox.daemon.events.nats_server import NatsServer, free_port
 from rlsandbox.daemon.events.store import Store
 from rlsandbox.daemon.grading.task import load_tasks
@@ -79,11 +81,12 @@ async def run_steps(s: AsyncSession, until: float, counter: list[int]) -> None:
         counter[0] += 1
 
 
+@pytest.mark.parametrize("step_batch", [256, 1], ids=["steps-batched", "steps-one-per-message"])
 async def test_full_episode_arrives_in_order(
-    nats_server: NatsServer, aggregator: Aggregator, tmp_path: Path, images: dict[str, str]
+    nats_server: NatsServer, aggregator: Aggregator, tmp_path: Path, images: dict[str, str], step_batch: int
 ) -> None:
     task = next(t for t in load_tasks(TASKS) if t.id == "py-calc")
-    node = NodeDaemon(events_config(tmp_path, nats_server.url))
+    node = NodeDaemon(events_config(tmp_path, nats_server.url, events_step_batch=step_batch))
     await node.start()
     try:
         async with AsyncClient(node.address) as client:
@@ -105,6 +108,17 @@ async def test_full_episode_arrives_in_order(
         await node.stop()
     timeline = store.timeline(sid)
     assert [e["type"] for e in timeline] == ["created", "step", "step", "files", "reward", "closed"]
+    # The subjects in the stream: steps batched per node, or each on its session's subject.
+    nc = await nats.connect(nats_server.url)
+    info = await nc.jetstream().stream_info(STREAM, subjects_filter=">")
+    await nc.close()
+    subjects = info.state.subjects or {}
+    session_subject = f"rlsandbox.v1.{token(node.config.node_id)}.session.{token(sid)}"
+    assert subjects[f"{session_subject}.created"] == 1 and subjects[f"{session_subject}.reward"] == 1
+    if step_batch == 1:
+        assert subjects[f"{session_subject}.step"] == 2
+    else:
+        assert f"{session_subject}.step" not in subjects and subjects[f"rlsandbox.v1.{token(node.config.node_id)}.steps"] >= 1
     assert [e["seq"] for e in timeline] == [1, 2, 3, 4, 5, 6]
     assert all(e["labels"] == {"run": "run-1", "task": "py-calc"} and e["node"] == node.config.node_id for e in timeline)
     created, step1, step2, files, reward, end = timeline

@@ -109,6 +109,7 @@ class DaemonConfig(BaseModel):
     events_publish_timeout: float = Field(5.0, gt=0)
     events_include_output: bool = False
     events_output_cap: int = Field(4096, ge=0, le=MiB)
+    events_step_batch: int = Field(256, ge=1, le=10_000)
     heartbeat_interval: float = Field(5.0, ge=0)
     pools: list[PoolConfig] = Field(default_factory=_default_pools)
 

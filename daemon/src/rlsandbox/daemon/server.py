@@ -67,6 +67,7 @@ class NodeDaemon:
                 publish_timeout=config.events_publish_timeout,
                 heartbeat_interval=config.heartbeat_interval,
                 heartbeat=self._heartbeat,
+                step_batch=config.events_step_batch,
             )
         self.sessions = SessionManager(
             config.node_id,

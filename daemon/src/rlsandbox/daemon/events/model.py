@@ -39,6 +39,8 @@ FAILED = "failed"
 ALERT = "alert"
 # Node event types (subject rlsandbox.v1.<node>.node.<type>).
 HEARTBEAT = "heartbeat"
+# Several step events in one message (subject rlsandbox.v1.<node>.steps).
+BATCH = "batch"
 
 SESSION_TYPES = frozenset({CREATED, STEP, FILES, REWARD, CLOSED, FAILED, ALERT})
 NODE_TYPES = frozenset({HEARTBEAT, ALERT})
@@ -74,24 +76,33 @@ class Event:
             return f"{self.session}:{self.seq}"
         return f"{self.node}/{self.instance}:{self.seq}"
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "v": VERSION,
+            "type": self.type,
+            "node": self.node,
+            "session": self.session,
+            "seq": self.seq,
+            "ts": self.ts,
+            "labels": self.labels,
+            "data": self.data,
+        }
+
     def to_json(self) -> bytes:
-        return orjson.dumps(
-            {
-                "v": VERSION,
-                "type": self.type,
-                "node": self.node,
-                "session": self.session,
-                "seq": self.seq,
-                "ts": self.ts,
-                "labels": self.labels,
-                "data": self.data,
-            }
-        )
+        return orjson.dumps(self.to_dict())
 
 
-def decode(payload: bytes) -> dict[str, Any]:
-    """Parse and check one event; raises ValueError on anything that is not a v1 event."""
-    doc = orjson.loads(payload)
+def steps_subject(node: str) -> str:
+    """Where batches of step events go (the other session events keep their own subjects)."""
+    return f"{SUBJECT_ROOT}.{token(node)}.steps"
+
+
+def batch_payload(node: str, events: list[Event]) -> bytes:
+    """Several step events in one message: ``{"v": 1, "type": "batch", "node": ..., "events": [...]}``."""
+    return orjson.dumps({"v": VERSION, "type": BATCH, "node": node, "events": [e.to_dict() for e in events]})
+
+
+def _check(doc: Any) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("v") != VERSION:
         raise ValueError(f"not a v{VERSION} rlsandbox event")
     for key, kind in (("type", str), ("node", str), ("session", str), ("seq", int), ("ts", float | int)):
@@ -100,3 +111,16 @@ def decode(payload: bytes) -> dict[str, Any]:
     if not isinstance(doc.get("data"), dict) or not isinstance(doc.get("labels"), dict):
         raise ValueError("event data and labels must be objects")
     return doc
+
+
+def decode(payload: bytes) -> dict[str, Any]:
+    """Parse and check one event; raises ValueError on anything that is not a v1 event."""
+    return _check(orjson.loads(payload))
+
+
+def decode_all(payload: bytes) -> list[dict[str, Any]]:
+    """The events of one message: one event, or every event of a batch (checked one by one)."""
+    doc = orjson.loads(payload)
+    if isinstance(doc, dict) and doc.get("type") == BATCH and doc.get("v") == VERSION and isinstance(doc.get("events"), list):
+        return [_check(e) for e in doc["events"]]
+    return [_check(doc)]

@@ -1,6 +1,7 @@
 """The durable on-disk outbox: events that could not be published yet, in order.
 
-A SQLite file (WAL): rows keep their insertion order (INTEGER PRIMARY KEY), are replayed from the
+A SQLite file (WAL), one row per message (an event, or a batch of step events; ``count`` counts
+events): rows keep their insertion order (INTEGER PRIMARY KEY), are replayed from the
 oldest, and are deleted only after JetStream acknowledged them. Bounded by the bytes of their
 payloads: ``append`` accepts what fits and says how many it took, so the publisher can count and
 report the rest instead of dropping them silently. Blocking calls: the publisher runs them in a
@@ -25,16 +26,18 @@ class Outbox:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS outbox "
-            "(id INTEGER PRIMARY KEY, subject TEXT NOT NULL, msg_id TEXT NOT NULL, payload BLOB NOT NULL)"
+            "(id INTEGER PRIMARY KEY, subject TEXT NOT NULL, msg_id TEXT NOT NULL, payload BLOB NOT NULL, "
+            "events INTEGER NOT NULL DEFAULT 1)"
         )
-        row = self._db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM outbox").fetchone()
+        row = self._db.execute("SELECT COALESCE(SUM(events), 0), COALESCE(SUM(LENGTH(payload)), 0) FROM outbox").fetchone()
         self.count, self.bytes = int(row[0]), int(row[1])
 
-    def append(self, records: list[tuple[str, str, bytes]]) -> int:
-        """Store (subject, msg_id, payload) records in order, as many as fit; returns how many."""
+    def append(self, records: list[tuple[str, str, bytes, int]]) -> int:
+        """Store (subject, msg_id, payload, events in it) records in order, as many as fit;
+        returns how many records were taken."""
         with self._lock:
             room = self.max_bytes - self.bytes
-            taken: list[tuple[str, str, bytes]] = []
+            taken: list[tuple[str, str, bytes, int]] = []
             for rec in records:
                 if len(rec[2]) > room:
                     break
@@ -43,23 +46,25 @@ class Outbox:
             if taken:
                 with self._db:
                     self._db.execute("BEGIN")
-                    self._db.executemany("INSERT INTO outbox (subject, msg_id, payload) VALUES (?, ?, ?)", taken)
-                self.count += len(taken)
+                    self._db.executemany("INSERT INTO outbox (subject, msg_id, payload, events) VALUES (?, ?, ?, ?)", taken)
+                self.count += sum(r[3] for r in taken)
                 self.bytes += sum(len(r[2]) for r in taken)
             return len(taken)
 
-    def peek(self, limit: int) -> list[tuple[int, str, str, bytes]]:
-        """The oldest ``limit`` records: (row id, subject, msg_id, payload)."""
+    def peek(self, limit: int) -> list[tuple[int, str, str, bytes, int]]:
+        """The oldest ``limit`` records: (row id, subject, msg_id, payload, events in it)."""
         with self._lock:
-            rows = self._db.execute("SELECT id, subject, msg_id, payload FROM outbox ORDER BY id LIMIT ?", (limit,)).fetchall()
-        return [(int(r[0]), str(r[1]), str(r[2]), bytes(r[3])) for r in rows]
+            rows = self._db.execute(
+                "SELECT id, subject, msg_id, payload, events FROM outbox ORDER BY id LIMIT ?", (limit,)
+            ).fetchall()
+        return [(int(r[0]), str(r[1]), str(r[2]), bytes(r[3]), int(r[4])) for r in rows]
 
     def remove_through(self, row_id: int) -> None:
         """Delete every record up to and including ``row_id`` (they were acknowledged)."""
         with self._lock, self._db:
             self._db.execute("BEGIN")
             row = self._db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM outbox WHERE id <= ?", (row_id,)
+                "SELECT COALESCE(SUM(events), 0), COALESCE(SUM(LENGTH(payload)), 0) FROM outbox WHERE id <= ?", (row_id,)
             ).fetchone()
             self._db.execute("DELETE FROM outbox WHERE id <= ?", (row_id,))
             self.count -= int(row[0])

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from rlsandbox.daemon.events.model import ALERT, CLOSED, CREATED, FAILED, FILES, HEARTBEAT, REWARD, STEP, decode
+from rlsandbox.daemon.events.model import ALERT, CLOSED, CREATED, FAILED, FILES, HEARTBEAT, REWARD, STEP, decode_all
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -75,9 +75,14 @@ class Store:
         bad = 0
         for payload in payloads:
             try:
-                decoded.append((decode(payload), payload))
+                events = decode_all(payload)
             except ValueError:
                 bad += 1
+                continue
+            if len(events) == 1:
+                decoded.append((events[0], payload))
+            else:  # a batch: each event is stored as its own JSON
+                decoded.extend((ev, orjson.dumps(ev)) for ev in events)
         new = dup = 0
         with self._lock, self._db:
             self._db.execute("BEGIN IMMEDIATE")
