@@ -3,6 +3,11 @@ benchmarks live in loadtest/ and their results in docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
+from pathlib import Path
+
 import pytest
 from rlsandbox.loadtest import api_bench, events_bench, foundation, grading_bench
 
@@ -35,3 +40,25 @@ async def test_events_benchmark_runs(images: dict[str, str]) -> None:
     assert e["integrity"]["events"] == 2000 and e["integrity"]["missing_events"] == 0
     assert results["exec_overhead"]["published_by_daemon"] > 100  # the "on" daemon really published
     assert "end to end" in events_bench.render(results)
+
+
+async def test_loadtest_harness_smoke_run(images: dict[str, str], tmp_path: Path) -> None:
+    """`rlsandbox loadtest run --quick`: every scenario for a few seconds, the whole report."""
+    out = tmp_path / "report"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rlsandbox.daemon.cli", "--log-level", "WARNING", "loadtest", "run", "--quick", "--out", str(out),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), 240)
+    assert proc.returncode == 0, stderr.decode()[-2000:]
+    assert "## CreateSession bursts" in stdout.decode()
+    assert "ops" in stderr.decode()  # the live progress line
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["scenarios"]) == {"sweep", "episodes", "burst", "soak", "baseline"}
+    assert report["errors"] == [] and report["leaked_containers"] == 0 and report["daemon_exit_code"] == 0
+    assert report["scenarios"]["burst"]["result"]["warm"]["pool_hit_rate"] == 1.0
+    assert report["scenarios"]["burst"]["result"]["cold"]["pool_hit_rate"] == 0.0
+    assert any("cpu_percent" in p and "events_published" in p for p in report["timeline"])
+    for png in ("latency_over_time.png", "latency_cdf.png", "throughput_vs_concurrency.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    assert "## Soak (open loop)" in (out / "report.md").read_text()

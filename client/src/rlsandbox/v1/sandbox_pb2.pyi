@@ -321,7 +321,7 @@ class GetNodeStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PoolStatus(_message.Message):
-    __slots__ = ("name", "image", "ready", "in_use", "creating", "waiting", "min_ready", "max_total", "created_total", "failed_total", "consecutive_failures", "last_error", "oci_runtime")
+    __slots__ = ("name", "image", "ready", "in_use", "creating", "waiting", "min_ready", "max_total", "created_total", "failed_total", "consecutive_failures", "last_error", "oci_runtime", "acquired_total", "acquired_waited_total")
     NAME_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
@@ -335,6 +335,8 @@ class PoolStatus(_message.Message):
     CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     OCI_RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    ACQUIRED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ACQUIRED_WAITED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     name: str
     image: str
     ready: int
@@ -348,7 +350,9 @@ class PoolStatus(_message.Message):
     consecutive_failures: int
     last_error: str
     oci_runtime: str
-    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., ready: _Optional[int] = ..., in_use: _Optional[int] = ..., creating: _Optional[int] = ..., waiting: _Optional[int] = ..., min_ready: _Optional[int] = ..., max_total: _Optional[int] = ..., created_total: _Optional[int] = ..., failed_total: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., last_error: _Optional[str] = ..., oci_runtime: _Optional[str] = ...) -> None: ...
+    acquired_total: int
+    acquired_waited_total: int
+    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., ready: _Optional[int] = ..., in_use: _Optional[int] = ..., creating: _Optional[int] = ..., waiting: _Optional[int] = ..., min_ready: _Optional[int] = ..., max_total: _Optional[int] = ..., created_total: _Optional[int] = ..., failed_total: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., last_error: _Optional[str] = ..., oci_runtime: _Optional[str] = ..., acquired_total: _Optional[int] = ..., acquired_waited_total: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
     __slots__ = ("node_id", "version", "pools", "sessions", "max_sessions", "docker_reachable", "serving", "load1", "uptime", "execs_total", "events")

@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     cli_serve.add_commands(sub)
     cli_tasks.add_commands(sub)
     cli_events.add_commands(sub)
+    try:  # the harness ships in rlsandbox-loadtest, which a production node need not install
+        from rlsandbox.loadtest import cli as loadtest_cli
+    except ImportError:
+        pass
+    else:
+        loadtest_cli.add_commands(sub)
     return parser
 
 

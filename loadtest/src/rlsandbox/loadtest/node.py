@@ -39,7 +39,8 @@ async def wait_quiet(client: AsyncClient, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = await client.node_status()
-        if all(p.creating == 0 and p.ready >= p.min_ready for p in status.pools):
+        # Full when the pool cannot hold min_ready more next to what is in use.
+        if all(p.creating == 0 and p.ready >= min(p.min_ready, p.max_total - p.in_use) for p in status.pools):
             await asyncio.sleep(1.0)
             return
         await asyncio.sleep(0.5)
@@ -52,6 +53,15 @@ async def daemon_rss(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def _stop_with_parent() -> None:
+    """In the child: SIGTERM when the benchmark process dies, so no daemon (and none of its
+    sandboxes) outlives a killed benchmark."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class DaemonProcess:
@@ -76,7 +86,7 @@ async def daemon_process(config_toml: str) -> AsyncIterator[DaemonProcess]:
         config.write_text(config_toml.replace("{port}", str(port)))
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "rlsandbox.daemon.cli", "--log-level", "WARNING", "daemon", "--config", str(config),
-            stdout=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, preexec_fn=_stop_with_parent,
         )  # fmt: skip
         node = DaemonProcess(process, f"127.0.0.1:{port}")
         try:

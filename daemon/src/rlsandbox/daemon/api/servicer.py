@@ -202,6 +202,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                     consecutive_failures=st.consecutive_failures,
                     last_error=st.last_error or "",
                     oci_runtime=pool.spec.container.runtime,
+                    acquired_total=st.acquired_total,
+                    acquired_waited_total=st.acquired_waited_total,
                 )
             )
         return pb.NodeStatus(

@@ -62,6 +62,7 @@ class PoolStats:
     failed_total: int
     destroyed_total: int
     acquired_total: int
+    acquired_waited_total: int  # hand-outs that had to wait for a sandbox (pool misses)
     acquire_timeouts: int
     consecutive_failures: int
     last_error: str | None
@@ -98,6 +99,7 @@ class WarmPool:
         self._failed_total = 0
         self._destroyed_total = 0
         self._acquired_total = 0
+        self._acquired_waited = 0
         self._acquire_timeouts = 0
 
     @property
@@ -155,6 +157,7 @@ class WarmPool:
                     # used, so it goes back to the front of the line.
                     self._ready.appendleft(future.result())
                     self._deliver()
+        self._acquired_waited += 1
         return self._lease(sandbox)
 
     def _lease(self, sandbox: Sandbox) -> Sandbox:
@@ -328,6 +331,7 @@ class WarmPool:
             failed_total=self._failed_total,
             destroyed_total=self._destroyed_total,
             acquired_total=self._acquired_total,
+            acquired_waited_total=self._acquired_waited,
             acquire_timeouts=self._acquire_timeouts,
             consecutive_failures=self._consecutive_failures,
             last_error=self._last_error,
