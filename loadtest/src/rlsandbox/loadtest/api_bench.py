@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import time
 from typing import Any
 
-import uvloop
 from rlsandbox.client import AsyncClient, AsyncSession, ResourceExhaustedError, exec_request
 from rlsandbox.loadtest.foundation import throughput, timed_sequential
 from rlsandbox.loadtest.node import daemon_process, daemon_rss, wait_quiet, wait_ready
-from rlsandbox.loadtest.stats import latency_table, machine, summary_ms
+from rlsandbox.loadtest.stats import bench_cli, latency_table, machine, summary_ms
 
 CONFIG = """
 node_id = "{node}"
@@ -148,17 +146,13 @@ def render(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--live-sessions", type=int, default=1000)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every sample count")
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-    results = uvloop.run(bench(args.live_sessions, args.scale))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-    print(render(results))
+
+
+def main() -> None:
+    bench_cli(__doc__, _arguments, lambda args: bench(args.live_sessions, args.scale), render)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -25,14 +24,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import uvloop
 from rlsandbox.client import AsyncClient
 from rlsandbox.daemon.events.model import STEP, Event
 from rlsandbox.daemon.events.nats_server import NatsServer
 from rlsandbox.daemon.events.publisher import EventPublisher
 from rlsandbox.daemon.events.store import Store
 from rlsandbox.loadtest.node import daemon_process, wait_quiet, wait_ready
-from rlsandbox.loadtest.stats import machine, summary_ms
+from rlsandbox.loadtest.stats import bench_cli, machine, summary_ms
 
 DAEMON = """
 node_id = "{node}"
@@ -204,17 +202,13 @@ def render(r: dict[str, Any]) -> str:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--execs", type=int, default=2000)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-    results = uvloop.run(bench(args.events, args.execs))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-    print(render(results))
+
+
+def main() -> None:
+    bench_cli(__doc__, _arguments, lambda args: bench(args.events, args.execs), render)
 
 
 if __name__ == "__main__":

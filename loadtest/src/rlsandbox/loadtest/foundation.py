@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import uvloop
 from rlsandbox.daemon.model import AgentMode, ContainerSpec, ExecRequest
 from rlsandbox.daemon.pool import CreateLimiter, PoolSpec, SandboxFactory, WarmPool
 from rlsandbox.daemon.runtime.docker import LABEL_OWNER, DockerRuntime
-from rlsandbox.loadtest.stats import latency_table, machine, summary_ms
+from rlsandbox.loadtest.stats import bench_cli, latency_table, machine, summary_ms
 
 
 async def timed_sequential(n: int, op: Callable[[], Awaitable[Any]]) -> list[float]:
@@ -124,17 +122,13 @@ def render(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image", default="rlsandbox/python-task:latest")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every sample count")
-    parser.add_argument("--json", default=None, help="also write the raw results here")
-    args = parser.parse_args()
-    results = uvloop.run(run(args.image, args.scale))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-    print(render(results))
+
+
+def main() -> None:
+    bench_cli(__doc__, _arguments, lambda args: run(args.image, args.scale), render)
 
 
 if __name__ == "__main__":

@@ -14,19 +14,17 @@ pytest project, hidden tests, 5 graded tests), each phase started on a settled n
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-import uvloop
 from rlsandbox.client import AsyncClient
 from rlsandbox.daemon.grading.task import load_tasks
 from rlsandbox.daemon.grading.validate import validate
 from rlsandbox.loadtest.foundation import timed_sequential
 from rlsandbox.loadtest.node import daemon_process, wait_quiet, wait_ready
-from rlsandbox.loadtest.stats import latency_table, machine, summary_ms
+from rlsandbox.loadtest.stats import bench_cli, latency_table, machine, summary_ms
 
 REPO = Path(__file__).resolve().parents[4]
 DEFAULT_TASKS = REPO / "tests" / "fixtures" / "tasks"
@@ -113,18 +111,14 @@ def render(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--tasks", type=Path, default=DEFAULT_TASKS)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-    results = uvloop.run(bench(args.samples, args.runs, args.tasks))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-    print(render(results))
+
+
+def main() -> None:
+    bench_cli(__doc__, _arguments, lambda args: bench(args.samples, args.runs, args.tasks), render)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from typing import Any
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -40,3 +41,22 @@ def machine() -> dict[str, object]:
     import platform
 
     return {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release()}
+
+
+def bench_cli(doc: str | None, add_arguments: Any, run: Any, render: Any) -> None:
+    """The command line of a benchmark module: its arguments plus ``--json``; runs ``run(args)``
+    on uvloop, writes the raw results to ``--json`` if given, prints ``render(results)``."""
+    import argparse
+    import json
+
+    import uvloop
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.add_argument("--json", default=None, help="also write the raw results here")
+    args = parser.parse_args()
+    results = uvloop.run(run(args))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    print(render(results))
