@@ -9,17 +9,17 @@ import sys
 from pathlib import Path
 
 SCENARIOS = ["sweep", "episodes", "burst", "soak", "baseline"]
+EXTRA = ["live"]  # long: run by name only
 
 
 async def _run(args: argparse.Namespace) -> int:
     from rlsandbox.loadtest import harness, report
 
     scenarios = SCENARIOS if args.scenarios == "all" else [s.strip() for s in args.scenarios.split(",") if s.strip()]
-    unknown = sorted(set(scenarios) - set(SCENARIOS))
+    unknown = sorted(set(scenarios) - set(SCENARIOS) - set(EXTRA))
     if unknown:
-        print(
-            f"rlsandbox loadtest: unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}", file=sys.stderr
-        )
+        choices = ", ".join(SCENARIOS + EXTRA)
+        print(f"rlsandbox loadtest: unknown scenario(s) {', '.join(unknown)}; choose from {choices}", file=sys.stderr)
         return 2
     opts = harness.Options(scenarios=scenarios, quick=args.quick, target=args.target)
     if args.levels:
@@ -32,6 +32,8 @@ async def _run(args: argparse.Namespace) -> int:
         "burst",
         "episode_workers",
         "episodes_per_worker",
+        "live_sessions",
+        "live_pool",
     ):
         value = getattr(args, name)
         if value is not None:
@@ -58,7 +60,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     lt = sub.add_parser("loadtest", help="drive a daemon with load scenarios; JSON, Markdown and PNG report")
     lt_sub = lt.add_subparsers(dest="loadtest_command", required=True)
     run = lt_sub.add_parser("run", help="run scenarios (default: all) against a daemon it starts, or --target")
-    run.add_argument("--scenarios", default="all", help=f"comma-separated: {','.join(SCENARIOS)} (default all)")
+    run.add_argument(
+        "--scenarios", default="all", help=f"comma-separated, of: {','.join(SCENARIOS + EXTRA)} (default all but live)"
+    )
     run.add_argument("--quick", action="store_true", help="a smoke run: every scenario for a few seconds")
     run.add_argument("--target", default=None, help="an existing daemon (default: start one, with NATS and an aggregator)")
     run.add_argument("--out", default="loadtest-report", help="report folder (default ./loadtest-report)")
@@ -70,4 +74,6 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     run.add_argument("--burst", type=int, default=None, help="CreateSession calls per burst")
     run.add_argument("--episode-workers", dest="episode_workers", type=int, default=None)
     run.add_argument("--episodes-per-worker", dest="episodes_per_worker", type=int, default=None)
+    run.add_argument("--live-sessions", dest="live_sessions", type=int, default=None, help="live: sessions to hold")
+    run.add_argument("--live-pool", dest="live_pool", default=None, help="live: busybox or python")
     run.set_defaults(handler=_run)

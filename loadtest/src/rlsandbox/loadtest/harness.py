@@ -12,7 +12,9 @@ burst). Scenarios:
 - ``burst``: a burst of CreateSession on a warm pool, then on a cold one (min_ready 0);
 - ``soak``: commands at a constant arrival rate (open loop: latency is measured from the moment
   a command was due, so slowness shows as queueing, not as fewer requests);
-- ``baseline``: the same command by Engine API exec, and cold create+start, in the same run.
+- ``baseline``: the same command by Engine API exec, and cold create+start, in the same run;
+- ``live`` (not in "all"): hold ``--live-sessions`` sessions of ``--live-pool`` at once, each
+  answering a command, and what they cost the host's memory.
 
 Every operation's latency is recorded with its start time; errors are counted by status code; a
 sampler reads the node's status (pools, sessions, events) and the daemon's CPU and RSS each
@@ -46,6 +48,7 @@ DAEMON = """
 node_id = "{node}"
 listen_tcp = "127.0.0.1:{{port}}"
 max_sessions = 3000
+max_waiters_per_pool = 4096
 create_concurrency = 4
 nats_url = "{nats}"
 events_outbox = "{outbox}"
@@ -62,7 +65,7 @@ pids = 32
 name = "python"
 image = "rlsandbox/python-task:latest"
 min_ready = {python_ready}
-max_total = 300
+max_total = 1500
 [[pools]]
 name = "cold"
 image = "rlsandbox/python-task:latest"
@@ -292,6 +295,58 @@ async def soak(client: AsyncClient, rec: Recorder, rate: float, seconds: float, 
     }
 
 
+def _host_memory_used() -> int:
+    with open("/proc/meminfo") as f:
+        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+    return info["MemTotal"] - info["MemAvailable"]
+
+
+def _containers_memory() -> int | None:
+    """Memory charged to all Docker containers (cgroup v1 'docker' group, or v2 docker scopes)."""
+    v1 = Path("/sys/fs/cgroup/memory/docker/memory.usage_in_bytes")
+    if v1.exists():
+        return int(v1.read_text())
+    scopes = list(Path("/sys/fs/cgroup/system.slice").glob("docker-*.scope/memory.current"))
+    return sum(int(p.read_text()) for p in scopes) if scopes else None
+
+
+async def live(client: AsyncClient, rec: Recorder, n: int, pool: str) -> dict[str, Any]:
+    """Hold ``n`` sessions of ``pool`` at once, each answering a command; what they cost the host."""
+    await wait_quiet(client)
+    before = await asyncio.to_thread(_host_memory_used)
+    limit = asyncio.Semaphore(32)
+
+    async def create() -> AsyncSession:
+        async with limit:
+            return await client.create_session(pool, acquire_timeout=600)
+
+    t = time.perf_counter()
+    made = await asyncio.gather(*(rec.timed(f"live_create_{pool}", create) for _ in range(n)))
+    sessions = [s for s in made if s is not None]
+    created_s = time.perf_counter() - t
+    answers = await asyncio.gather(*(rec.timed(f"live_exec_{pool}", functools.partial(s.exec, ["echo", "ok"])) for s in sessions))
+    answered = sum(1 for a in answers if a is not None and a.stdout == b"ok\n")
+    after = await asyncio.to_thread(_host_memory_used)
+    containers_memory = await asyncio.to_thread(_containers_memory)
+    status = await client.node_status()
+    containers = sum(p.ready + p.in_use + p.creating for p in status.pools)
+    t = time.perf_counter()
+    await asyncio.gather(*(rec.timed("close", s.close) for s in sessions))
+    return {
+        "pool": pool,
+        "asked": n,
+        "held": len(sessions),
+        "answered": answered,
+        "created_s": created_s,
+        "closed_s": time.perf_counter() - t,
+        "host_memory_used_mb": after / 2**20,
+        "host_memory_added_mb": (after - before) / 2**20,
+        "containers": containers,
+        "containers_memory_mb": None if containers_memory is None else containers_memory / 2**20,
+        "memory_mb_per_container": None if containers_memory is None else containers_memory / 2**20 / max(1, containers),
+    }
+
+
 async def baseline(image: str, n: int) -> dict[str, Any]:
     """The same `true` by Engine API exec and by cold create+start, in this run (foundation.run)."""
     from rlsandbox.loadtest import foundation
@@ -316,6 +371,8 @@ class Options:
     soak_seconds: float = 60.0
     soak_sessions: int = 64
     baseline_n: int = 100
+    live_sessions: int = 1000
+    live_pool: str = "busybox"
     quiet: bool = False
 
     def shrink(self) -> None:
@@ -326,6 +383,7 @@ class Options:
         self.burst = 4
         self.soak_rate, self.soak_seconds, self.soak_sessions = 40.0, 2.0, 4
         self.baseline_n = 5
+        self.live_sessions = 8
 
 
 async def run(opts: Options) -> dict[str, Any]:
@@ -382,6 +440,8 @@ async def run(opts: Options) -> dict[str, Any]:
                     result = await burst(client, rec, opts.burst, "python", None if opts.target else "cold")
                 elif name == "soak":
                     result = await soak(client, rec, opts.soak_rate, opts.soak_seconds, opts.soak_sessions, "python")
+                elif name == "live":
+                    result = await live(client, rec, opts.live_sessions, opts.live_pool)
                 elif name == "baseline":
                     result = await baseline("rlsandbox/python-task:latest", opts.baseline_n)
                 else:

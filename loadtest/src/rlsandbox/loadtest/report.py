@@ -50,6 +50,18 @@ def markdown(r: dict[str, Any]) -> str:
             f"{s['achieved_rate']:.0f}/s completed; latency from the due time p50 {s.get('p50', 0):.2f} ms, "
             f"p99 {s.get('p99', 0):.2f} ms, max {s.get('max', 0):.2f} ms",
         ]
+    if "live" in sc:
+        lv = sc["live"]["result"]
+        lines += [
+            "",
+            "## Live sessions",
+            "",
+            f"- {lv['held']} of {lv['asked']} {lv['pool']} sessions held at once, {lv['answered']} answered a command; "
+            f"created in {lv['created_s']:.0f} s, closed in {lv['closed_s']:.0f} s; host memory in use "
+            f"{lv['host_memory_used_mb']:,.0f} MB (+{lv['host_memory_added_mb']:,.0f} MB); {lv['containers']} containers "
+            f"charged {lv['containers_memory_mb'] or 0:,.0f} MB "
+            f"({lv['memory_mb_per_container'] or 0:.1f} MB each, page cache included)",
+        ]
     if "baseline" in sc:
         b = sc["baseline"]["result"]
         rows = [
