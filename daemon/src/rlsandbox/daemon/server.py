@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import secrets
 import signal
 import socket
@@ -114,6 +115,7 @@ class NodeDaemon:
         }
 
     async def start(self) -> None:
+        raise_open_files_limit(self.config.max_sessions)
         await self.runtime.start()
         try:
             await self.runtime.ping()
@@ -220,6 +222,19 @@ class NodeDaemon:
         await self._stopped.wait()
         if self._stopping is not None:
             await asyncio.shield(self._stopping)
+
+
+def raise_open_files_limit(max_sessions: int) -> int:
+    """Raise the soft limit on open files to the hard one: every agent socket is a descriptor of
+    the daemon, and a shell's default of 1,024 stops a node at about a thousand sessions (the
+    systemd unit sets LimitNOFILE; `rlsandbox up` from a shell does not)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    if soft < 2 * max_sessions + 256:
+        log.warning("open files limit %d is low for max_sessions %d: raise LimitNOFILE / ulimit -n", soft, max_sessions)
+    return soft
 
 
 def sd_notify(message: str) -> None:
