@@ -323,3 +323,38 @@ async def test_two_aggregators_share_the_work(nats_server: NatsServer, tmp_path:
     steps = check.runs()
     check.close()
     assert next(r for r in steps if r["name"] == "shared")["steps"] == counter[0]
+
+
+async def test_stopping_mid_publish_keeps_the_batch_in_the_outbox(nats_server: NatsServer, tmp_path: Path) -> None:
+    """NATS hangs (SIGSTOP: no acknowledgement comes) while a batch is being published, and the
+    daemon stops: the batch is in the outbox, and a new publisher sends it once NATS answers."""
+    from rlsandbox.daemon.events.model import STEP, Event
+    from rlsandbox.daemon.events.outbox import Outbox
+    from rlsandbox.daemon.events.publisher import EventPublisher
+
+    outbox = tmp_path / "outbox.sqlite3"
+
+    def publisher() -> EventPublisher:
+        return EventPublisher(
+            "n1", "i1", nats_url=nats_server.url, outbox_path=outbox, outbox_max_bytes=1 << 20, heartbeat_interval=0
+        )
+
+    first = publisher()
+    await first.start()
+    await eventually(lambda: asyncio.sleep(0, first.stats().connected), what="connected")
+    assert nats_server.process is not None
+    os.kill(nats_server.process.pid, signal.SIGSTOP)
+    try:
+        for seq in range(1, 11):
+            first.emit(Event(STEP, "n1", "s1", seq, {"argv": ["true"]}, {"run": "hang"}))
+        await asyncio.sleep(0.5)  # the batch is out, its acknowledgements are not coming
+        await first.stop(drain_timeout=0.2)
+        kept = Outbox(outbox, 1 << 20)
+        assert kept.count == 10
+        kept.close()
+    finally:
+        os.kill(nats_server.process.pid, signal.SIGCONT)
+    second = publisher()
+    await second.start()
+    await eventually(lambda: asyncio.sleep(0, second.stats().published_total >= 10), what="the replay")
+    await second.stop()

@@ -287,7 +287,14 @@ class EventPublisher:
             await self._to_outbox([self._queue.popleft() for _ in range(len(self._queue))])
             return
         batch = [self._queue.popleft() for _ in range(min(len(self._queue), BATCH))]
-        if batch and not await self._publish(self._records(batch)):
+        try:
+            published = not batch or await self._publish(self._records(batch))
+        except asyncio.CancelledError:
+            # Stopping mid-publish: put the batch back in front, for stop() to keep in the outbox
+            # (what was acknowledged already is dropped as a duplicate when it is replayed).
+            self._queue.extendleft(reversed(batch))
+            raise
+        if not published:
             await self._to_outbox(batch)
 
     def _records(self, events: list[Event]) -> list[tuple[str, str, bytes, int]]:
