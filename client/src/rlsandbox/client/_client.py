@@ -69,6 +69,31 @@ def write_files_request(session_id: str, files: Mapping[str, Union[bytes, str, t
     return request
 
 
+def channel_credentials(*, token: str | None, tls_ca: str | bytes | None) -> grpc.ChannelCredentials | None:
+    """TLS (with the given CA) and, with a token, bearer-token call credentials; None: plaintext."""
+    if tls_ca is None:
+        if token is not None:
+            raise ValueError("a token is only sent over TLS: pass tls_ca (the daemon's CA certificate) too")
+        return None
+    if isinstance(tls_ca, str):
+        with open(tls_ca, "rb") as f:
+            tls_ca = f.read()
+    creds = grpc.ssl_channel_credentials(root_certificates=tls_ca)
+    if token is not None:
+        creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+    return creds
+
+
+def channel_options(tls_server_name: str | None = None) -> list[tuple[str, Any]]:
+    options: list[tuple[str, Any]] = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE),
+        ("grpc.max_send_message_length", MAX_MESSAGE),
+    ]
+    if tls_server_name:
+        options.append(("grpc.ssl_target_name_override", tls_server_name))
+    return options
+
+
 def evaluate_request(session_id: str, *, task: Any = None, mode: str = "clean_room", timeout: float = 0.0) -> pb.EvaluateRequest:
     if mode not in ("clean_room", "in_place"):
         raise ValueError(f"mode must be 'clean_room' or 'in_place', not {mode!r}")
@@ -86,20 +111,30 @@ class AsyncClient:
     Args:
         target: ``host:port`` or ``unix:/path/to/socket``.
         timeout: default deadline of a call in seconds (a command's own timeout is added to it).
+        token: bearer token, for a daemon with ``auth_token_file`` (sent over TLS only).
+        tls_ca: the CA certificate (PEM bytes, or a file path) that signed the daemon's
+            certificate; with it the channel uses TLS. ``tls_server_name`` overrides the name checked.
 
     Use as ``async with AsyncClient("127.0.0.1:7420") as client:``.
     """
 
-    def __init__(self, target: str = "127.0.0.1:7420", *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        target: str = "127.0.0.1:7420",
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        token: str | None = None,
+        tls_ca: str | bytes | None = None,
+        tls_server_name: str | None = None,
+    ) -> None:
         self.target = target
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(
-            target,
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE),
-                ("grpc.max_send_message_length", MAX_MESSAGE),
-            ],
-        )
+        creds = channel_credentials(token=token, tls_ca=tls_ca)
+        options = channel_options(tls_server_name)
+        if creds is None:
+            self._channel = grpc.aio.insecure_channel(target, options=options)
+        else:
+            self._channel = grpc.aio.secure_channel(target, creds, options=options)
         self._stub = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
 
     async def __aenter__(self) -> AsyncClient:

@@ -10,9 +10,10 @@ from typing import Any, TypeVar
 
 import grpc
 from rlsandbox.client._client import (
-    MAX_MESSAGE,
     RETRY_ATTEMPTS,
     Command,
+    channel_credentials,
+    channel_options,
     evaluate_request,
     exec_request,
     write_files_request,
@@ -31,15 +32,26 @@ class Client:
     Args:
         target: ``host:port`` or ``unix:/path``.
         timeout: default deadline of a call in seconds.
+        token, tls_ca, tls_server_name: as in :class:`AsyncClient`.
     """
 
-    def __init__(self, target: str = "127.0.0.1:7420", *, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        target: str = "127.0.0.1:7420",
+        *,
+        timeout: float = 60.0,
+        token: str | None = None,
+        tls_ca: str | bytes | None = None,
+        tls_server_name: str | None = None,
+    ) -> None:
         self.target = target
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(
-            target,
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)],
-        )
+        creds = channel_credentials(token=token, tls_ca=tls_ca)
+        options = channel_options(tls_server_name)
+        if creds is None:
+            self._channel = grpc.insecure_channel(target, options=options)
+        else:
+            self._channel = grpc.secure_channel(target, creds, options=options)
         self._stub = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
 
     def __enter__(self) -> Client:

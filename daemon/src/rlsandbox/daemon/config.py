@@ -12,7 +12,8 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from rlsandbox.daemon.api.auth import is_loopback
 from rlsandbox.daemon.errors import InvalidArgument
 from rlsandbox.daemon.model import AgentMode, ContainerSpec, Limits
 from rlsandbox.daemon.pool import PoolSpec
@@ -101,6 +102,11 @@ class DaemonConfig(BaseModel):
     reconcile_interval: float = Field(60.0, gt=0)
     reap_interval: float = Field(1.0, gt=0)
     log_level: str = "INFO"
+    # Authentication: TLS on the TCP listener, bearer tokens (one per line) required over TCP.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    auth_token_file: str | None = None
+    auth_unix_open: bool = True
     # Events (docs/events.md): empty nats_url means no events, except under `rlsandbox up`, which
     # starts an embedded nats-server and aggregator when none is configured.
     nats_url: str = ""
@@ -112,6 +118,17 @@ class DaemonConfig(BaseModel):
     events_step_batch: int = Field(256, ge=1, le=10_000)
     heartbeat_interval: float = Field(5.0, ge=0)
     pools: list[PoolConfig] = Field(default_factory=_default_pools)
+
+    @model_validator(mode="after")
+    def _remote_needs_auth(self) -> DaemonConfig:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together")
+        if self.listen_tcp and not is_loopback(self.listen_tcp) and not (self.tls_cert and self.auth_token_file):
+            raise ValueError(
+                f"listen_tcp {self.listen_tcp} is not loopback: it needs tls_cert, tls_key and auth_token_file "
+                "(or listen on 127.0.0.1 / a unix socket)"
+            )
+        return self
 
     @field_validator("pools")
     @classmethod

@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from rlsandbox.daemon import __version__
+from rlsandbox.daemon.api.auth import BearerTokenInterceptor, load_tokens, server_credentials
 from rlsandbox.daemon.api.servicer import SandboxServicer
 from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.errors import SandboxError, Unavailable
@@ -84,6 +85,7 @@ class NodeDaemon:
         self.docker_ok = False
         self.servicer = SandboxServicer(self.sessions, config, docker_ok=lambda: self.docker_ok)
         self.server: grpc.aio.Server | None = None
+        self.unix_server: grpc.aio.Server | None = None  # only when the unix socket is open and TCP is not
         self.tcp_port: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping: asyncio.Task[None] | None = None
@@ -96,6 +98,16 @@ class NodeDaemon:
             host = self.config.listen_tcp.rsplit(":", 1)[0] or "127.0.0.1"
             return f"{host}:{self.tcp_port}"
         return f"unix:{self.config.listen_unix}"
+
+    def _grpc_server(self, options: list[tuple[str, Any]], tokens: list[bytes] | None) -> grpc.aio.Server:
+        interceptors = [BearerTokenInterceptor(tokens)] if tokens else []
+        server = grpc.aio.server(options=options, interceptors=interceptors)
+        sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(self.servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+        )
+        return server
 
     def _heartbeat(self) -> dict[str, Any]:
         """A node heartbeat's data: capacity, pools, load, version."""
@@ -131,20 +143,26 @@ class NodeDaemon:
             ("grpc.max_send_message_length", self.config.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
-        server = grpc.aio.server(options=options)
-        sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(self.servicer, server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
-        )
-        if self.config.listen_tcp:
-            self.tcp_port = server.add_insecure_port(self.config.listen_tcp)
+        cfg = self.config
+        tokens = load_tokens(cfg.auth_token_file) if cfg.auth_token_file else None
+        # The unix socket gets a server of its own when it is open and TCP is not.
+        split = bool(tokens and cfg.listen_unix and cfg.auth_unix_open and cfg.listen_tcp)
+        server = self._grpc_server(options, tokens)
+        if cfg.listen_tcp:
+            if cfg.tls_cert and cfg.tls_key:
+                self.tcp_port = server.add_secure_port(cfg.listen_tcp, server_credentials(cfg.tls_cert, cfg.tls_key))
+            else:
+                self.tcp_port = server.add_insecure_port(cfg.listen_tcp)
             if not self.tcp_port:
-                raise Unavailable(f"cannot listen on {self.config.listen_tcp}")
-        if self.config.listen_unix:
+                raise Unavailable(f"cannot listen on {cfg.listen_tcp}")
+        if cfg.listen_unix:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.config.listen_unix)
-            server.add_insecure_port(f"unix:{self.config.listen_unix}")
+                os.unlink(cfg.listen_unix)
+            unix_server = self._grpc_server(options, None if cfg.auth_unix_open else tokens) if split else server
+            unix_server.add_insecure_port(f"unix:{cfg.listen_unix}")
+            if split:
+                await unix_server.start()
+                self.unix_server = unix_server
         await server.start()
         self.server = server
         if self.events is not None:
@@ -198,8 +216,9 @@ class NodeDaemon:
         self.servicer.serving = False
         self.sessions.stop_accepting()
         await self.health.enter_graceful_shutdown()
-        if self.server is not None:
-            await self.server.stop(grace)  # in-flight calls finish within the grace, then are cancelled
+        servers = [s for s in (self.server, self.unix_server) if s is not None]
+        # In-flight calls finish within the grace, then are cancelled.
+        await asyncio.gather(*(s.stop(grace) for s in servers))
         await self.sessions.close_all("node shutting down")
         await asyncio.gather(*(pool.close(timeout=max(5.0, grace)) for pool in self.pools.values()))
         self.reconciler.stop()
@@ -287,8 +306,9 @@ async def run_until_signalled(daemon: NodeDaemon, *, on_ready: Any = None) -> No
 
 
 async def _force(daemon: NodeDaemon) -> None:
-    if daemon.server is not None:
-        await daemon.server.stop(0)
+    for server in (daemon.server, daemon.unix_server):
+        if server is not None:
+            await server.stop(0)
     await daemon.stop(0)
 
 

@@ -1,0 +1,110 @@
+"""TLS and bearer tokens on the TCP listener; the unix socket open by configuration."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from helpers import daemon_config
+from rlsandbox.client import AsyncClient, Client, UnauthenticatedError, UnavailableError
+from rlsandbox.daemon.config import PoolConfig
+from rlsandbox.daemon.errors import InvalidArgument
+from rlsandbox.daemon.server import NodeDaemon
+
+pytestmark = pytest.mark.docker
+
+TOKEN = "s3cret-token-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("pki")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+         "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    (d / "tokens").write_text(f"# one token per line\n{TOKEN}\nother-token-abcdefghijklmnop\n")
+    return d
+
+
+@pytest.fixture(scope="module")
+async def secure_daemon(images: dict[str, str], pki: Path) -> AsyncIterator[NodeDaemon]:
+    node = NodeDaemon(
+        daemon_config(
+            tls_cert=str(pki / "cert.pem"),
+            tls_key=str(pki / "key.pem"),
+            auth_token_file=str(pki / "tokens"),
+            listen_unix=str(pki / "daemon.sock"),
+            pools=[PoolConfig(name="busybox", image="rlsandbox/busybox:latest", min_ready=1, max_total=8, memory_mb=64)],
+        )
+    )
+    await node.start()
+    try:
+        yield node
+    finally:
+        await node.stop()
+
+
+async def test_token_over_tls_works(secure_daemon: NodeDaemon, pki: Path) -> None:
+    async with (
+        AsyncClient(secure_daemon.address, token=TOKEN, tls_ca=str(pki / "cert.pem")) as client,
+        client.session("busybox") as s,
+    ):
+        assert (await s.exec(["echo", "hi"])).stdout == b"hi\n"
+
+
+@pytest.mark.parametrize("token", [None, "wrong-token-wrong-token-wrong", TOKEN + "x"])
+async def test_missing_or_wrong_token_is_unauthenticated(secure_daemon: NodeDaemon, pki: Path, token: str | None) -> None:
+    if token is None:  # TLS without any token
+        client = AsyncClient(secure_daemon.address, tls_ca=str(pki / "cert.pem"))
+    else:
+        client = AsyncClient(secure_daemon.address, token=token, tls_ca=str(pki / "cert.pem"))
+    async with client:
+        with pytest.raises(UnauthenticatedError, match="bearer token"):
+            await client.node_status()
+        with pytest.raises(UnauthenticatedError):
+            async for _ in client.exec_stream("nope", "true"):
+                pass
+
+
+async def test_plaintext_to_the_tls_listener_fails(secure_daemon: NodeDaemon) -> None:
+    async with AsyncClient(secure_daemon.address, timeout=3) as client:
+        with pytest.raises(UnavailableError):
+            await client.node_status()
+
+
+async def test_unix_socket_is_open_by_configuration(secure_daemon: NodeDaemon, pki: Path) -> None:
+    async with AsyncClient(f"unix:{pki / 'daemon.sock'}") as client:
+        assert (await client.node_status()).node_id == secure_daemon.config.node_id
+
+
+async def test_sync_client_with_token(secure_daemon: NodeDaemon, pki: Path) -> None:
+    import asyncio
+
+    def call() -> str:
+        with Client(secure_daemon.address, token=TOKEN, tls_ca=(pki / "cert.pem").read_bytes()) as c:
+            return c.node_status().node_id
+
+    assert await asyncio.to_thread(call) == secure_daemon.config.node_id
+
+
+def test_remote_listener_without_tls_and_tokens_is_refused() -> None:
+    with pytest.raises(Exception, match="not loopback: it needs tls_cert, tls_key and auth_token_file"):
+        daemon_config(listen_tcp="0.0.0.0:7420")
+
+
+def test_token_needs_tls_in_the_client() -> None:
+    with pytest.raises(ValueError, match="only sent over TLS"):
+        AsyncClient("127.0.0.1:1", token=TOKEN)
+
+
+def test_short_tokens_are_refused(tmp_path: Path) -> None:
+    from rlsandbox.daemon.api.auth import load_tokens
+
+    (tmp_path / "t").write_text("short\n")
+    with pytest.raises(InvalidArgument, match="at least 16"):
+        load_tokens(tmp_path / "t")
