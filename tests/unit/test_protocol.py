@@ -5,6 +5,8 @@ from __future__ import annotations
 import struct
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from rlsandbox.daemon.agent import protocol as p
 from rlsandbox.daemon.model import ExecRequest, FileWrite
 
@@ -108,3 +110,26 @@ def test_write_and_read_files_codecs() -> None:
 def test_meta_must_be_an_object() -> None:
     with pytest.raises(p.ProtocolError):
         p.loads(b"[1,2]")
+
+
+@given(chunks=st.lists(st.binary(max_size=300), max_size=20), prefix=st.booleans())
+def test_decoder_fuzz_only_frames_or_protocol_errors(chunks: list[bytes], prefix: bool) -> None:
+    """Random bytes, alone or after a valid frame, split anywhere: the decoder returns frames or
+    raises ProtocolError (a typed error the channel turns into a dead sandbox), nothing else."""
+    dec = p.FrameDecoder()
+    stream = [p.encode_frame(p.K_EXEC, 1, b"{}", b"x")] if prefix else []
+    try:
+        for chunk in [*stream, *chunks]:
+            for kind, rid, meta, body in dec.feed(chunk):
+                assert isinstance(kind, int) and isinstance(rid, int)
+                assert isinstance(meta, bytes) and isinstance(body, bytes)
+    except p.ProtocolError:
+        pass
+
+
+@given(meta=st.binary(max_size=200))
+def test_meta_fuzz_is_a_dict_or_protocol_error(meta: bytes) -> None:
+    try:
+        assert isinstance(p.loads(meta), dict)
+    except p.ProtocolError:
+        pass

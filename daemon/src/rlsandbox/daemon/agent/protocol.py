@@ -154,7 +154,10 @@ def dumps(meta: dict[str, Any]) -> bytes:
 
 
 def loads(meta: bytes) -> dict[str, Any]:
-    value = orjson.loads(meta) if meta else {}
+    try:
+        value = orjson.loads(meta) if meta else {}
+    except orjson.JSONDecodeError as e:  # found by the fuzz test: garbage is a protocol error, typed
+        raise ProtocolError(f"frame meta is not JSON: {e}") from None
     if not isinstance(value, dict):
         raise ProtocolError("frame meta is not a JSON object")
     return value
