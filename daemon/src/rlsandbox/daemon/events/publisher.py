@@ -298,17 +298,16 @@ class EventPublisher:
             await self._to_outbox(batch)
 
     def _records(self, events: list[Event]) -> list[tuple[str, str, bytes, int]]:
-        """Messages for ``events``, in order: runs of consecutive step events become batch
-        messages of up to ``step_batch`` (one message per step costs ~4x the CPU end to end,
+        """Messages for ``events``, in order: runs of consecutive step events (one or more) become
+        batch messages of up to ``step_batch`` (one message per step costs ~4x the CPU end to end,
         measured); every other event is a message on its own session subject."""
         records: list[tuple[str, str, bytes, int]] = []
         run: list[Event] = []
 
         def flush() -> None:
-            if len(run) == 1:
-                e = run[0]
-                records.append((e.subject, e.msg_id, e.to_json(), 1))
-            elif run:
+            # Even a run of one goes out as a batch: with batching on, steps are always on
+            # rlsandbox.v1.<node>.steps, where subscribers look for them.
+            if run:
                 self._batch_seq += 1
                 msg_id = f"{self.node_id}/{self.instance}:batch:{self._batch_seq}"
                 records.append((steps_subject(self.node_id), msg_id, batch_payload(self.node_id, run), len(run)))
