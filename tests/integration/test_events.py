@@ -231,14 +231,16 @@ async def test_outbox_full_counts_drops_and_alerts(tmp_path: Path, images: dict[
                 assert node.events is not None
                 # Every dropped event is accounted for by an alert (the session's close came after the reading).
                 assert sum(a["data"]["dropped"] for a in alerts) == node.events.stats().dropped_total >= dropped
-                # What the outbox held arrives; the session's end was dropped, so it shows as not ended.
+                # What the outbox held arrives, and the loss is visible: the session never ends, or
+                # it ends with a gap in its sequence numbers.
                 held = status.outbox_events
 
                 async def replayed() -> bool:
                     return bool((await asyncio.to_thread(agg.store.integrity))["events"] >= held)
 
                 await eventually(replayed, what="the outbox replay")
-                assert next(r for r in agg.store.runs() if r["name"] == "full")["open"] == 1
+                run = next(r for r in agg.store.runs() if r["name"] == "full")
+                assert run["open"] == 1 or run["missing_events"] > 0, run
             finally:
                 agg.stop()
                 await agg_task

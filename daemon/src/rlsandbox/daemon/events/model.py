@@ -118,9 +118,9 @@ def decode(payload: bytes) -> dict[str, Any]:
     return _check(orjson.loads(payload))
 
 
-def decode_all(payload: bytes) -> list[dict[str, Any]]:
-    """The events of one message: one event, or every event of a batch (checked one by one)."""
+def decode_all(payload: bytes) -> tuple[list[dict[str, Any]], bool]:
+    """The events of one message, and whether it was a batch (its events checked one by one)."""
     doc = orjson.loads(payload)
     if isinstance(doc, dict) and doc.get("type") == BATCH and doc.get("v") == VERSION and isinstance(doc.get("events"), list):
-        return [_check(e) for e in doc["events"]]
-    return [_check(doc)]
+        return [_check(e) for e in doc["events"]], True
+    return [_check(doc)], False

@@ -75,14 +75,14 @@ class Store:
         bad = 0
         for payload in payloads:
             try:
-                events = decode_all(payload)
+                events, batch = decode_all(payload)
             except ValueError:
                 bad += 1
                 continue
-            if len(events) == 1:
-                decoded.append((events[0], payload))
-            else:  # a batch: each event is stored as its own JSON
+            if batch:  # each event of a batch (even of one) is stored as its own JSON
                 decoded.extend((ev, orjson.dumps(ev)) for ev in events)
+            else:
+                decoded.append((events[0], payload))
         new = dup = 0
         with self._lock, self._db:
             self._db.execute("BEGIN IMMEDIATE")
