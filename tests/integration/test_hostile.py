@@ -1,0 +1,109 @@
+"""Hostile programs are contained: each one runs in a sandbox, and the node stays healthy (other
+sessions keep working, health stays SERVING, the hostile sandbox is removed when its session ends)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers import daemon_config
+from rlsandbox.client import AsyncClient, AsyncSession
+from rlsandbox.daemon.config import PoolConfig
+from rlsandbox.daemon.runtime.docker import LABEL_SESSION
+from rlsandbox.daemon.server import NodeDaemon
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+async def node(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
+    daemon = NodeDaemon(
+        daemon_config(
+            pools=[
+                PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=8, memory_mb=512, pids=256)
+            ]
+        )
+    )
+    await daemon.start()
+    try:
+        yield daemon
+    finally:
+        await daemon.stop()
+
+
+@pytest.fixture
+async def hc(node: NodeDaemon) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(node.address, timeout=60) as c:
+        yield c
+
+
+async def assert_node_healthy(node: NodeDaemon, client: AsyncClient) -> None:
+    async with client.session("python") as other:
+        assert (await other.exec(["echo", "fine"])).stdout == b"fine\n"
+    health = health_pb2_grpc.HealthStub(client._channel)
+    assert (await health.Check(health_pb2.HealthCheckRequest())).status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def assert_removed_on_close(node: NodeDaemon, s: AsyncSession) -> None:
+    await s.close()
+    left = await node.runtime.list_containers({LABEL_SESSION: s.id})
+    assert not left, f"the sandbox of {s.id} outlived its session"
+
+
+async def test_fork_bomb(node: NodeDaemon, hc: AsyncClient) -> None:
+    s = await hc.create_session("python")
+    await s.exec(["bash", "-c", ":(){ :|:& };:"], timeout=3)  # returns at once; the bomb runs on
+    await assert_node_healthy(node, hc)  # bounded by the sandbox's pids limit
+    await assert_removed_on_close(node, s)
+
+
+async def test_memory_bomb(node: NodeDaemon, hc: AsyncClient) -> None:
+    async with hc.session("python") as s:
+        r = await s.exec(["python3", "-c", "x = bytearray(2 * 1024**3)"], timeout=30)
+        assert r.exit_code is None and r.signal == 9  # the kernel's OOM killer, inside the sandbox
+        assert (await s.exec(["echo", "still here"])).stdout == b"still here\n"
+    await assert_node_healthy(node, hc)
+
+
+async def test_endless_output(node: NodeDaemon, hc: AsyncClient) -> None:
+    async with hc.session("python") as s:
+        r = await s.exec("yes", timeout=1, stdout_cap=4096)
+        assert r.timed_out and r.stdout_truncated and len(r.stdout) == 4096
+        assert r.stdout_total > 10 * 4096  # counted, not kept
+    await assert_node_healthy(node, hc)
+
+
+async def test_process_ignoring_sigterm_is_killed_at_its_timeout(node: NodeDaemon, hc: AsyncClient) -> None:
+    async with hc.session("python") as s:
+        t = time.monotonic()
+        r = await s.exec("trap '' TERM; sleep 100", timeout=1)
+        assert r.timed_out and r.signal == 9 and time.monotonic() - t < 5
+
+
+async def test_daemonized_grandchild_does_not_outlive_the_session(node: NodeDaemon, hc: AsyncClient) -> None:
+    s = await hc.create_session("python")
+    t = time.monotonic()
+    r = await s.exec("setsid sh -c 'sleep 1000' & echo started", timeout=10)
+    assert r.stdout == b"started\n" and time.monotonic() - t < 3  # the command does not wait for it
+    assert b"sleep 1000" in (await s.exec("ps -eo args")).stdout  # alive inside the sandbox...
+    await assert_removed_on_close(node, s)  # ...and gone with it
+
+
+async def test_no_network(node: NodeDaemon, hc: AsyncClient) -> None:
+    async with hc.session("python") as s:
+        r = await s.exec(["python3", "-c", "import socket; socket.create_connection(('1.1.1.1', 80), timeout=3)"], timeout=10)
+        assert r.exit_code == 1 and b"Network is unreachable" in r.stderr
+        r = await s.exec(["python3", "-c", "import socket; socket.getaddrinfo('pypi.org', 443)"], timeout=10)
+        assert r.exit_code == 1
+
+
+async def test_host_processes_are_invisible(node: NodeDaemon, hc: AsyncClient) -> None:
+    async with hc.session("python") as s:
+        one = await s.exec("tr '\\0' ' ' < /proc/1/cmdline")
+        assert one.stdout.startswith(b"python3 -u /.rlsandbox/agent.py")  # PID 1 is the sandbox's own agent
+        procs = (await s.exec("ls /proc | grep -c '^[0-9]'")).stdout
+        assert int(procs) < 20  # the sandbox's processes only, not the host's hundreds
+        r = await s.exec("cat /proc/1/environ /proc/kcore 2>&1 | head -c 100; dmesg 2>&1 | head -1")
+        assert b"dockerd" not in r.stdout
