@@ -3,13 +3,14 @@ sessions keep working, health stays SERVING, the hostile sandbox is removed when
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import daemon_config
-from rlsandbox.client import AsyncClient, AsyncSession
+from rlsandbox.client import AsyncClient, AsyncSession, NotFoundError, SandboxAbortedError
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.runtime.docker import LABEL_SESSION
 from rlsandbox.daemon.server import NodeDaemon
@@ -107,3 +108,17 @@ async def test_host_processes_are_invisible(node: NodeDaemon, hc: AsyncClient) -
         assert int(procs) < 20  # the sandbox's processes only, not the host's hundreds
         r = await s.exec("cat /proc/1/environ /proc/kcore 2>&1 | head -c 100; dmesg 2>&1 | head -1")
         assert b"dockerd" not in r.stdout
+
+
+async def test_sandbox_killed_mid_command_is_aborted_with_the_reason(node: NodeDaemon, hc: AsyncClient) -> None:
+    s = await hc.create_session("python")
+    running = asyncio.create_task(s.exec("sleep 30", timeout=60))
+    await asyncio.sleep(0.5)
+    sandbox = node.sessions.get(s.id).sandbox
+    assert sandbox is not None
+    await node.runtime.docker.containers.container(sandbox.container_id).kill()  # an OOM kill, a node hiccup
+    with pytest.raises(SandboxAbortedError, match="died"):
+        await running
+    with pytest.raises(NotFoundError, match="died"):
+        await hc.get_session(s.id)  # the session ended, and says why
+    await assert_node_healthy(node, hc)
