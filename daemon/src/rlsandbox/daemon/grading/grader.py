@@ -18,6 +18,7 @@ import logging
 import posixpath
 import secrets
 import shlex
+import tarfile
 import time
 from collections.abc import Mapping
 
@@ -126,6 +127,8 @@ class Grader:
             result = GradeResult(GradeStatus.INVALID_TASK, None, e.message)
         except SandboxError as e:
             result = GradeResult(GradeStatus.INFRA_ERROR, None, f"{type(e).__name__}: {e.message}")
+        except (tarfile.TarError, OSError) as e:  # an unreadable archive from the engine: not the agent's doing
+            result = GradeResult(GradeStatus.INFRA_ERROR, None, f"{type(e).__name__}: {e}")
         result.mode = mode
         result.duration = time.monotonic() - started
         self.graded_total += 1
