@@ -390,17 +390,7 @@ class DockerRuntime:
                 info.mode = mode
                 info.mtime = int(now)
                 tar.addfile(info, io.BytesIO(data))
-        async with (
-            self._call("archive upload", timeout, container_id=container_id),
-            self.docker._query(
-                f"containers/{container_id}/archive",
-                method="PUT",
-                data=io.BytesIO(buf.getvalue()),
-                headers={"content-type": "application/x-tar"},
-                params={"path": "/", "noOverwriteDirNonDir": "false"},
-            ),
-        ):
-            pass
+        await self.put_archive(container_id, "/", buf.getvalue(), timeout)
 
     async def get_archive(self, container_id: str, path: str, max_bytes: int, timeout: float | None = None) -> bytes:
         """A tarball of ``path`` read by the engine from the container's filesystem (no process
