@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
+from collections.abc import AsyncIterator
 
 from rlsandbox.daemon.config import DaemonConfig, PoolConfig
+from rlsandbox.daemon.server import NodeDaemon
 
 TEST_OWNER = f"test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 BUSYBOX = "rlsandbox/busybox:latest"
@@ -33,3 +36,14 @@ def daemon_config(**overrides: object) -> DaemonConfig:
     }
     base.update(overrides)
     return DaemonConfig.model_validate(base)
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(config: DaemonConfig) -> AsyncIterator[NodeDaemon]:
+    """A real daemon, in this process, on real ports; stopped (sandboxes removed) on exit."""
+    node = NodeDaemon(config)
+    await node.start()
+    try:
+        yield node
+    finally:
+        await node.stop()

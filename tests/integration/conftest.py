@@ -5,19 +5,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from helpers import daemon_config
+from helpers import daemon_config, running_daemon
 from rlsandbox.client import AsyncClient
 from rlsandbox.daemon.server import NodeDaemon
 
 
 @pytest.fixture(scope="module")
 async def daemon(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
-    node = NodeDaemon(daemon_config())
-    await node.start()
-    try:
+    async with running_daemon(daemon_config()) as node:
         yield node
-    finally:
-        await node.stop()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from helpers import daemon_config
+from helpers import daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, Client, UnauthenticatedError, UnavailableError
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.errors import InvalidArgument
@@ -33,20 +33,15 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 async def secure_daemon(images: dict[str, str], pki: Path) -> AsyncIterator[NodeDaemon]:
-    node = NodeDaemon(
-        daemon_config(
-            tls_cert=str(pki / "cert.pem"),
-            tls_key=str(pki / "key.pem"),
-            auth_token_file=str(pki / "tokens"),
-            listen_unix=str(pki / "daemon.sock"),
-            pools=[PoolConfig(name="busybox", image="rlsandbox/busybox:latest", min_ready=1, max_total=8, memory_mb=64)],
-        )
+    config = daemon_config(
+        tls_cert=str(pki / "cert.pem"),
+        tls_key=str(pki / "key.pem"),
+        auth_token_file=str(pki / "tokens"),
+        listen_unix=str(pki / "daemon.sock"),
+        pools=[PoolConfig(name="busybox", image="rlsandbox/busybox:latest", min_ready=1, max_total=8, memory_mb=64)],
     )
-    await node.start()
-    try:
+    async with running_daemon(config) as node:
         yield node
-    finally:
-        await node.stop()
 
 
 async def test_token_over_tls_works(secure_daemon: NodeDaemon, pki: Path) -> None:

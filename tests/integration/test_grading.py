@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from helpers import daemon_config
+from helpers import daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, AsyncSession, InvalidArgumentError
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.grading.task import RewardSpec, Task, load_tasks
@@ -36,12 +36,8 @@ async def grading_daemon(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
             PoolConfig(name="node", image="rlsandbox/node:latest", min_ready=1, max_total=4),
         ]
     )
-    node = NodeDaemon(config)
-    await node.start()
-    try:
+    async with running_daemon(config) as node:
         yield node
-    finally:
-        await node.stop()
 
 
 @pytest.fixture

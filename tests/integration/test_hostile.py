@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helpers import daemon_config
+from helpers import daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, AsyncSession, NotFoundError, SandboxAbortedError
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.runtime.docker import LABEL_SESSION
@@ -20,18 +20,9 @@ pytestmark = pytest.mark.docker
 
 @pytest.fixture(scope="module")
 async def node(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
-    daemon = NodeDaemon(
-        daemon_config(
-            pools=[
-                PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=8, memory_mb=512, pids=256)
-            ]
-        )
-    )
-    await daemon.start()
-    try:
+    pool = PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=8, memory_mb=512, pids=256)
+    async with running_daemon(daemon_config(pools=[pool])) as daemon:
         yield daemon
-    finally:
-        await daemon.stop()
 
 
 @pytest.fixture
