@@ -43,12 +43,18 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
-async def _stats(args: argparse.Namespace) -> int:
+def _open_store(db: str) -> Any:
+    """The aggregator's database, which must exist (opening a missing path would create one)."""
     from rlsandbox.daemon.events.store import Store
 
-    if not Path(args.db).exists():
-        raise InvalidArgument(f"no aggregator database at {args.db}; pass --db (the aggregator's --db)")
-    store = Store(args.db)
+    if not Path(db).exists():
+        raise InvalidArgument(f"no aggregator database at {db}; pass --db (the aggregator's --db)")
+    return Store(db)
+
+
+async def _stats(args: argparse.Namespace) -> int:
+
+    store = _open_store(args.db)
     try:
         what = args.what
         result: Any
@@ -93,11 +99,8 @@ async def _stats(args: argparse.Namespace) -> int:
 
 async def _export(args: argparse.Namespace) -> int:
     import orjson
-    from rlsandbox.daemon.events.store import Store
 
-    if not Path(args.db).exists():
-        raise InvalidArgument(f"no aggregator database at {args.db}; pass --db (the aggregator's --db)")
-    store = Store(args.db)
+    store = _open_store(args.db)
     out = sys.stdout.buffer if args.out in (None, "-") else open(args.out, "wb")  # noqa: SIM115 - stdout is not ours to close
     n = 0
     try:
