@@ -21,6 +21,7 @@ def daemon_config(**overrides: object) -> DaemonConfig:
         "listen_tcp": "127.0.0.1:0",
         "shutdown_grace": 5.0,
         "reconcile_interval": 3600,
+        "session_journal": f"/tmp/rlsandbox-tests/{TEST_OWNER}/sessions.sqlite3",
         "pools": [
             PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=64),
             PoolConfig(

@@ -23,6 +23,7 @@ CONFIG = """
 node_id = "{node}"
 listen_tcp = ""
 listen_unix = "{sock}"
+session_journal = "{sock}.journal"
 shutdown_grace = 60.0
 [[pools]]
 name = "python"

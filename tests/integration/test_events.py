@@ -14,10 +14,11 @@ from pathlib import Path
 
 import nats
 import pytest
-from helpers import daemon_config
+from helpers import daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, AsyncSession
 from rlsandbox.daemon.config import DaemonConfig, PoolConfig
 from rlsandbox.daemon.events.aggregator import Aggregator
+from rlsandbox.daemon.events.connection import NatsAuth
 from rlsandbox.daemon.events.model import STREAM, token
 from rlsandbox.daemon.events.nats_server import NatsServer, free_port
 from rlsandbox.daemon.events.store import Store
@@ -360,3 +361,58 @@ async def test_stopping_mid_publish_keeps_the_batch_in_the_outbox(nats_server: N
     await second.start()
     await eventually(lambda: asyncio.sleep(0, second.stats().published_total >= 10), what="the replay")
     await second.stop()
+
+
+@pytest.mark.parametrize("method", ["user_password", "token"])
+async def test_nats_credentials(tmp_path: Path, images: dict[str, str], method: str) -> None:
+    """A NATS server that requires credentials: the daemon and the aggregator bring them from
+    files; a daemon with a wrong secret publishes nothing, keeps its events in the outbox and
+    says why in GetNodeStatus."""
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret-for-rlsandbox\n")
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not-the-secret\n")
+    if method == "user_password":
+        server_args = ["--user", "rls", "--pass", "s3cret-for-rlsandbox"]
+        good = {"nats_user": "rls", "nats_password_file": str(secret)}
+        bad = {"nats_user": "rls", "nats_password_file": str(wrong)}
+        agg_auth = NatsAuth(user="rls", password_file=str(secret))
+    else:
+        server_args = ["--auth", "s3cret-for-rlsandbox"]
+        good = {"nats_token_file": str(secret)}
+        bad = {"nats_token_file": str(wrong)}
+        agg_auth = NatsAuth(token_file=str(secret))
+    server = NatsServer(tmp_path / "jetstream", extra_args=server_args)
+    await server.start()
+    agg = Aggregator(server.url, tmp_path / "agg.sqlite3", auth=agg_auth)
+    agg_task = asyncio.create_task(agg.run())
+    try:
+        await asyncio.wait_for(agg.started.wait(), 30)
+        (tmp_path / "good").mkdir()
+        async with running_daemon(events_config(tmp_path / "good", server.url, **good)) as node:
+            async with AsyncClient(node.address) as client, client.session("busybox") as s:
+                await s.exec("true")
+                sid = s.id
+            await eventually(lambda: _has_closed(agg.store, sid), what="the events of the authenticated daemon")
+        (tmp_path / "bad").mkdir()
+        bad_config = events_config(tmp_path / "bad", server.url, node_id="wrong-secret", **bad)
+        async with running_daemon(bad_config) as node, AsyncClient(node.address) as client:
+            async with client.session("busybox") as s:
+                await s.exec("true")
+
+            async def refused() -> bool:
+                st = (await client.node_status()).events
+                return not st.connected and "authorization" in st.last_error.lower()
+
+            await eventually(refused, timeout=20, what="the authorization error in GetNodeStatus")
+            assert (await client.node_status()).events.published_total == 0
+        assert node.events is not None and node.events.outbox.count >= 3  # kept for a later start, not lost
+    finally:
+        agg.stop()
+        await asyncio.wait_for(agg_task, 30)
+        await server.stop()
+
+
+async def _has_closed(store: Store, sid: str) -> bool:
+    timeline = await asyncio.to_thread(store.timeline, sid)
+    return bool(timeline) and timeline[-1]["type"] == "closed"

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.docker
 @pytest.fixture(scope="module")
 async def node(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
     pool = PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=8, memory_mb=512, pids=256)
-    async with running_daemon(daemon_config(pools=[pool])) as daemon:
+    tiny = PoolConfig(name="tiny", image="rlsandbox/python-task:latest", min_ready=1, max_total=2, memory_mb=48)
+    async with running_daemon(daemon_config(pools=[pool, tiny])) as daemon:
         yield daemon
 
 
@@ -112,4 +113,16 @@ async def test_sandbox_killed_mid_command_is_aborted_with_the_reason(node: NodeD
         await running
     with pytest.raises(NotFoundError, match="died"):
         await hc.get_session(s.id)  # the session ended, and says why
+    await assert_node_healthy(node, hc)
+
+
+async def test_sandbox_oom_killed_as_a_whole_is_aborted_and_told_apart(node: NodeDaemon, hc: AsyncClient) -> None:
+    """The OOM killer takes the sandbox's agent (PID 1), here by making it hold more output than
+    the sandbox's memory: the caller learns it was memory, the session ends saying so, and the
+    `failed` event and alert carry oom_killed."""
+    s = await hc.create_session("tiny")
+    with pytest.raises(SandboxAbortedError, match="out of memory: the kernel OOM-killed it at its memory limit of 48 MB"):
+        await s.exec("head -c 60000000 /dev/zero", timeout=30, stdout_cap=64 << 20)
+    with pytest.raises(NotFoundError, match="out of memory"):
+        await hc.get_session(s.id)
     await assert_node_healthy(node, hc)

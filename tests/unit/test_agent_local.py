@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from agent_local import SubprocessTransport
+from rlsandbox.daemon.agent import AGENT_PATH
 from rlsandbox.daemon.agent import protocol as p
 from rlsandbox.daemon.agent.channel import AgentChannel
+from rlsandbox.daemon.agent.socket_transport import UnixSocketTransport
 from rlsandbox.daemon.errors import InvalidArgument, SandboxDied
 from rlsandbox.daemon.model import ExecRequest, OutputChunk
 
@@ -94,3 +99,38 @@ async def test_shutdown_exits_cleanly() -> None:
     await ch.request(p.K_SHUTDOWN, {}, timeout=5)
     assert await asyncio.wait_for(transport.proc.wait(), 5) == 0
     await ch.close()
+
+
+async def test_socket_agent_survives_its_daemon_and_serves_the_next_one(tmp_path: Path) -> None:
+    """What crash recovery rests on: the agent outlives a dropped connection, cancels the commands
+    of the connection that went away (a reconnecting daemon numbers requests from 1 again), and
+    keeps its persistent shells for the next connection."""
+    path = tmp_path / "agent.sock"
+    agent = subprocess.Popen([sys.executable, str(AGENT_PATH), "--socket", str(path)])
+    try:
+        first = AgentChannel(await UnixSocketTransport.connect(path, 10), name="first")
+        await first.start(10)
+        assert (await first.exec(ExecRequest(shell="export KEPT=yes", shell_session="main", timeout=10))).exit_code == 0
+        marker = tmp_path / "finished"
+        orphan = asyncio.create_task(first.exec(ExecRequest(shell=f"sleep 2; touch {marker}", timeout=30)))
+        await asyncio.sleep(0.3)
+        await first.close("daemon died")
+        with pytest.raises(SandboxDied):
+            await orphan
+        await asyncio.sleep(0.3)
+        assert agent.poll() is None, "the agent exited with its daemon's connection"
+
+        second = AgentChannel(await UnixSocketTransport.connect(path, 10), name="second")
+        await second.start(10)
+        shell = await second.exec(ExecRequest(shell="echo $KEPT", shell_session="main", timeout=10))
+        assert shell.stdout == b"yes\n"
+        # Request ids start at 1 again and get their own answers.
+        results = await asyncio.gather(*(second.exec(ExecRequest(argv=("echo", str(i)), timeout=10)) for i in range(20)))
+        assert [r.stdout for r in results] == [f"{i}\n".encode() for i in range(20)]
+        await asyncio.sleep(2.5)
+        assert not marker.exists(), "the orphaned command was not cancelled"
+        assert agent.poll() is None
+        await second.close("done")
+    finally:
+        agent.kill()
+        agent.wait()

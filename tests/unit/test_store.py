@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlsandbox.daemon.events.model import CREATED, STEP, Event, batch_payload
+from rlsandbox.daemon.events.model import ADOPTED, CREATED, STEP, Event, batch_payload
 from rlsandbox.daemon.events.store import Store
 
 
@@ -30,4 +30,21 @@ def test_gaps_and_garbage_are_counted(tmp_path: Path) -> None:
     assert store.apply([ev(CREATED, 1).to_json(), ev(STEP, 5).to_json(), b"not json", b'{"v": 2}']) == (2, 0, 2)
     integrity = store.integrity()
     assert integrity["missing_events"] == 3 and integrity["sessions_with_gaps"] == 1 and integrity["invalid"] == 2
+    store.close()
+
+
+def test_numbers_a_restarted_daemon_may_have_skipped_are_not_gaps(tmp_path: Path) -> None:
+    """A re-adopted session resumes above its reserved block and declares the block; what is
+    missing inside it is counted apart, what is missing outside it is still a gap."""
+    store = Store(tmp_path / "a.sqlite3")
+    events = [ev(CREATED, 1), ev(STEP, 2), ev(STEP, 3)]  # the first life used 1..3 of the block 1..32
+    adopted = Event(ADOPTED, "n1", "s1", 33, {"unused_seq_window": [1, 32]}, {"run": "r"})
+    store.apply([e.to_json() for e in [*events, adopted, ev(STEP, 34)]])
+    integrity = store.integrity()
+    assert integrity["missing_events"] == 0 and integrity["sessions_with_gaps"] == 0
+    assert integrity["crash_window_missing"] == 29 and store.runs()[0]["missing_events"] == 0
+    # A real gap after the restart is still one.
+    store.apply([ev(STEP, 36).to_json()])
+    integrity = store.integrity()
+    assert integrity["missing_events"] == 1 and integrity["sessions_with_gaps"] == 1
     store.close()

@@ -18,8 +18,17 @@ DEFAULT_DB = "/var/lib/rlsandbox/aggregator.sqlite3"
 
 async def _aggregator(args: argparse.Namespace) -> int:
     from rlsandbox.daemon.events.aggregator import Aggregator
+    from rlsandbox.daemon.events.connection import NatsAuth
 
-    agg = Aggregator(args.nats, args.db, durable=args.durable, http=args.http or None)
+    auth = NatsAuth(
+        credentials=args.nats_creds,
+        nkey_seed=args.nats_nkey_seed,
+        token_file=args.nats_token_file,
+        user=args.nats_user,
+        password_file=args.nats_password_file,
+        tls_ca=args.nats_tls_ca,
+    )
+    agg = Aggregator(args.nats, args.db, durable=args.durable, http=args.http or None, auth=auth)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agg.stop)
@@ -125,6 +134,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     agg.add_argument(
         "--durable", default="rlsandbox-aggregators", help="durable consumer and queue group (shared by aggregators)"
     )
+    agg.add_argument("--nats-creds", default=None, help="NATS .creds file (JWT and NKey seed)")
+    agg.add_argument("--nats-nkey-seed", default=None, help="NATS NKey seed file")
+    agg.add_argument("--nats-token-file", default=None, help="file holding the NATS token")
+    agg.add_argument("--nats-user", default=None, help="NATS user (with --nats-password-file)")
+    agg.add_argument("--nats-password-file", default=None, help="file holding the NATS user's password")
+    agg.add_argument("--nats-tls-ca", default=None, help="CA certificate for NATS over TLS")
     agg.set_defaults(handler=_aggregator)
 
     st = sub.add_parser("stats", help="rewards by run and task, node health, alerts, integrity")

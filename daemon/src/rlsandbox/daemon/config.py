@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from rlsandbox.daemon.api.auth import is_loopback
 from rlsandbox.daemon.errors import InvalidArgument
+from rlsandbox.daemon.events.connection import NatsAuth
 from rlsandbox.daemon.model import AgentMode, ContainerSpec, Limits
 from rlsandbox.daemon.pool import PoolSpec
 
@@ -84,6 +85,7 @@ class DaemonConfig(BaseModel):
     listen_unix: str | None = None
     docker_socket: str = "/var/run/docker.sock"
     agent_socket_root: str = "/run/rlsandbox/sockets"
+    session_journal: str = "/var/lib/rlsandbox/sessions.sqlite3"
     max_sessions: int = Field(2000, ge=1)
     max_waiters_per_pool: int = Field(1024, ge=1)
     create_concurrency: int = Field(4, ge=1, le=64)
@@ -110,6 +112,14 @@ class DaemonConfig(BaseModel):
     # Events (docs/events.md): empty nats_url means no events, except under `rlsandbox up`, which
     # starts an embedded nats-server and aggregator when none is configured.
     nats_url: str = ""
+    # NATS credentials (docs/events.md): a .creds file, an NKey seed file, a token file, or a user
+    # with a password file; a CA for TLS. Secrets live in files, never in this configuration.
+    nats_credentials: str | None = None
+    nats_nkey_seed: str | None = None
+    nats_token_file: str | None = None
+    nats_user: str | None = None
+    nats_password_file: str | None = None
+    nats_tls_ca: str | None = None
     events_outbox: str = "/var/lib/rlsandbox/events-outbox.sqlite3"
     events_outbox_max_bytes: int = Field(512 * MiB, ge=1024)
     events_publish_timeout: float = Field(5.0, gt=0)
@@ -129,6 +139,16 @@ class DaemonConfig(BaseModel):
                 "(or listen on 127.0.0.1 / a unix socket)"
             )
         return self
+
+    def nats_auth(self) -> NatsAuth:
+        return NatsAuth(
+            credentials=self.nats_credentials,
+            nkey_seed=self.nats_nkey_seed,
+            token_file=self.nats_token_file,
+            user=self.nats_user,
+            password_file=self.nats_password_file,
+            tls_ca=self.nats_tls_ca,
+        )
 
     @field_validator("pools")
     @classmethod

@@ -45,11 +45,23 @@ class SandboxChannel(Protocol):
 class Sandbox:
     """A ready container handed out by a pool. Never reused: released means destroyed."""
 
-    __slots__ = ("channel", "container_id", "created_at", "image", "mode", "name", "pool", "ready_at", "runtime")
+    __slots__ = ("channel", "container_id", "created_at", "image", "mode", "name", "pool", "ready_at", "runtime", "transport")
 
     def __init__(
-        self, *, container_id: str, name: str, pool: str, channel: SandboxChannel, mode: str, runtime: str, image: str
+        self,
+        *,
+        container_id: str,
+        name: str,
+        pool: str,
+        channel: SandboxChannel,
+        mode: str,
+        runtime: str,
+        image: str,
+        transport: str = "exec",
     ) -> None:
+        """``transport``: how the daemon reaches the sandbox: "socket" (the agent's unix socket,
+        survives a daemon restart), "attach" (the agent on the container's stdin/stdout) or
+        "exec" (Engine API exec, no agent)."""
         self.container_id = container_id
         self.name = name
         self.pool = pool
@@ -57,6 +69,7 @@ class Sandbox:
         self.mode = mode
         self.runtime = runtime
         self.image = image
+        self.transport = transport
         self.created_at = time.time()
         self.ready_at = time.monotonic()
 

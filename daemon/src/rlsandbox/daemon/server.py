@@ -29,8 +29,9 @@ from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.errors import SandboxError, Unavailable
 from rlsandbox.daemon.events.publisher import EventPublisher
 from rlsandbox.daemon.grading.grader import Grader
+from rlsandbox.daemon.journal import SessionJournal
 from rlsandbox.daemon.pool import CreateLimiter, Reconciler, SandboxFactory, WarmPool
-from rlsandbox.daemon.runtime.docker import DockerRuntime
+from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, DockerRuntime
 from rlsandbox.daemon.sessions import SessionManager
 from rlsandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 
@@ -70,7 +71,9 @@ class NodeDaemon:
                 heartbeat_interval=config.heartbeat_interval,
                 heartbeat=self._heartbeat,
                 step_batch=config.events_step_batch,
+                auth=config.nats_auth(),
             )
+        self.journal = SessionJournal(config.session_journal, config.node_id) if config.session_journal else None
         self.sessions = SessionManager(
             config.node_id,
             self.pools,
@@ -79,6 +82,7 @@ class NodeDaemon:
             grader=self.grader,
             events=self.events,
             events_output_cap=config.events_output_cap if config.events_include_output else 0,
+            journal=self.journal,
         )
         self.reconciler = Reconciler(self.factory, interval=config.reconcile_interval)
         self.health = HealthServicer()
@@ -135,6 +139,11 @@ class NodeDaemon:
             await self.runtime.close()
             raise Unavailable(f"{e.message}; is dockerd running? (scripts/bootstrap.sh starts it)") from None
         self.docker_ok = True
+        if self.journal is not None:
+            owned = await self.runtime.list_containers({LABEL_MANAGED: "1", LABEL_OWNER: self.runtime.owner})
+            adopted, lost = await self.sessions.recover(self.factory, {c.name: c.state for c in owned})
+            if adopted or lost:
+                log.warning("start-up: re-adopted %d sessions of an earlier run; %d could not be (ended)", adopted, lost)
         removed = await self.reconciler.sweep(grace=0)
         if removed:
             log.warning("start-up: removed %d containers left by an earlier run of node %s", len(removed), self.config.node_id)
@@ -166,7 +175,7 @@ class NodeDaemon:
         await server.start()
         self.server = server
         if self.events is not None:
-            await self.events.start()
+            await self.events.start()  # publishes what recovery emitted, too
         loop = asyncio.get_running_loop()
         for pool in self.pools.values():
             self._tasks.append(loop.create_task(pool.run(), name=f"pool-{pool.name}"))
@@ -232,6 +241,8 @@ class NodeDaemon:
         if self.events is not None:
             await self.events.stop(drain_timeout=max(2.0, min(grace, 10.0)))  # the rest stays in the outbox
         await self.runtime.close()
+        if self.journal is not None:
+            self.journal.close()
         if self.config.listen_unix:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.config.listen_unix)

@@ -26,6 +26,7 @@ from rlsandbox.daemon.errors import (
     NotFound,
     ResourceExhausted,
     SandboxDied,
+    SandboxError,
     Unavailable,
 )
 from rlsandbox.daemon.events import model as ev
@@ -33,8 +34,9 @@ from rlsandbox.daemon.events.publisher import EventPublisher
 from rlsandbox.daemon.grading.grader import Grader
 from rlsandbox.daemon.grading.rewards import GradeResult
 from rlsandbox.daemon.grading.task import Task
+from rlsandbox.daemon.journal import SEQ_BLOCK, JournalEntry, SessionJournal
 from rlsandbox.daemon.model import ExecRequest, ExecResult
-from rlsandbox.daemon.pool import WarmPool
+from rlsandbox.daemon.pool import SandboxFactory, WarmPool
 from rlsandbox.daemon.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,7 @@ class Session:
         self.started = self.last_used = time.monotonic()
         self.steps = 0
         self.event_seq = 0  # events emitted for this session (numbered from 1, no holes)
+        self.seq_reserved = 0  # event numbers up to here are reserved in the journal
         self.end_reason = ""
         self.in_flight = 0
         self._step_results: collections.OrderedDict[int, asyncio.Future[ExecResult]] = collections.OrderedDict()
@@ -141,6 +144,8 @@ class SessionManager:
         grader: prepares task workspaces and grades (sessions from tasks need one).
         events: where session events go (docs/events.md); None: no events.
         events_output_cap: bytes of each stream put in step events (0: none).
+        journal: where READY sessions are recorded so that a restarted daemon re-adopts them
+            (:meth:`recover`); None: a restart loses them.
     """
 
     def __init__(
@@ -153,8 +158,10 @@ class SessionManager:
         grader: Grader | None = None,
         events: EventPublisher | None = None,
         events_output_cap: int = 0,
+        journal: SessionJournal | None = None,
     ) -> None:
         self.node_id = node_id
+        self.journal = journal
         self.grader = grader
         self.events = events
         self.events_output_cap = events_output_cap
@@ -170,6 +177,8 @@ class SessionManager:
         self._stop = asyncio.Event()
         self.execs_total = 0
         self.reaped_total = 0
+        self.adopted_total = 0
+        self.lost_total = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def create(self, options: SessionOptions) -> Session:
@@ -228,6 +237,7 @@ class SessionManager:
         session.transition(SessionState.READY)
         session.touch()
         session.settled.set_result(None)
+        self._journal_record(session)
         log.info("session %s ready on %s (pool %s)", session.id, session.sandbox.name, pool.name)
         self._emit(
             session,
@@ -243,11 +253,133 @@ class SessionManager:
         )
         return session
 
+    # -- the journal and recovery -------------------------------------------------------------------
+    def _journal_record(self, session: Session) -> None:
+        if self.journal is None or session.sandbox is None:
+            return
+        o = session.options
+        session.seq_reserved = session.event_seq + SEQ_BLOCK
+        self.journal.record(
+            JournalEntry(
+                session=session.id,
+                pool=session.pool.name,
+                container=session.sandbox.name,
+                container_id=session.sandbox.container_id,
+                transport=session.sandbox.transport,
+                runtime=session.sandbox.runtime,
+                image=session.sandbox.image,
+                options={
+                    "env": dict(o.env),
+                    "workdir": o.workdir,
+                    "idle_timeout": o.idle_timeout,
+                    "max_lifetime": o.max_lifetime,
+                    "labels": dict(o.labels),
+                    "idempotency_key": o.idempotency_key,
+                    "acquire_timeout": o.acquire_timeout,
+                },
+                task_spec=o.task.spec_json() if o.task is not None else None,
+                task_tar=o.task.workspace_tar if o.task is not None else b"",
+                created_at=session.created_at,
+                started_at=time.time() - (time.monotonic() - session.started),
+                seq_reserved=session.seq_reserved,
+                steps=session.steps,
+            )
+        )
+
+    def _journal_forget(self, session: Session) -> None:
+        if self.journal is not None:
+            self.journal.forget(session.id)
+
+    async def recover(self, factory: SandboxFactory, containers: Mapping[str, str], *, concurrency: int = 32) -> tuple[int, int]:
+        """Re-adopt the sessions an earlier life of this daemon left in the journal.
+
+        ``containers`` maps this node's container names to their state as the engine lists them.
+        A session whose sandbox still answers is READY again under its old id (its files, shells
+        and processes intact); any other ends with a tombstone and a ``failed`` event saying why.
+        Returns (adopted, lost). Containers not adopted are left to the reconciler's sweep.
+        """
+        if self.journal is None:
+            return 0, 0
+        entries = self.journal.load()
+        slots = asyncio.Semaphore(concurrency)
+
+        async def one(entry: JournalEntry) -> bool:
+            async with slots:
+                return await self._adopt(factory, entry, containers.get(entry.container))
+
+        outcomes = await asyncio.gather(*(one(e) for e in entries))
+        adopted = sum(outcomes)
+        return adopted, len(outcomes) - adopted
+
+    async def _adopt(self, factory: SandboxFactory, entry: JournalEntry, state: str | None) -> bool:
+        o = entry.options
+        pool = self.pools.get(entry.pool)
+        try:
+            if pool is None:
+                raise SandboxDied(f"its pool {entry.pool!r} is no longer configured")
+            task = Task.from_wire(entry.task_spec, entry.task_tar) if entry.task_spec else None
+            sandbox = await factory.adopt(entry, state)
+        except (SandboxError, ValueError) as e:
+            reason = f"lost when the daemon restarted: {e.message if isinstance(e, SandboxError) else e}"
+            self._lost(entry, reason)
+            return False
+        options = SessionOptions(
+            pool=entry.pool,
+            env=o.get("env", {}),
+            workdir=o.get("workdir", ""),
+            idle_timeout=float(o.get("idle_timeout", 600.0)),
+            max_lifetime=float(o.get("max_lifetime", 6 * 3600.0)),
+            labels=o.get("labels", {}),
+            idempotency_key=o.get("idempotency_key", ""),
+            acquire_timeout=float(o.get("acquire_timeout", 30.0)),
+            task=task,
+        )
+        session = Session(entry.session, options, pool)
+        session.sandbox = sandbox
+        session.created_at = entry.created_at
+        session.started = time.monotonic() - max(0.0, time.time() - entry.started_at)
+        session.steps = entry.steps
+        session.event_seq = entry.seq_reserved
+        pool.adopt(sandbox)
+        session.transition(SessionState.READY)
+        session.touch()  # the restart counts as activity: the idle timeout starts again
+        session.settled.set_result(None)
+        self.sessions[session.id] = session
+        if options.idempotency_key:
+            self._by_key[options.idempotency_key] = session.id
+        self._journal_record(session)
+        self.adopted_total += 1
+        log.info("session %s re-adopted on %s (pool %s)", session.id, sandbox.name, pool.name)
+        self._emit(
+            session,
+            ev.ADOPTED,
+            {"container": sandbox.name, "transport": sandbox.transport, "unused_seq_window": _window(entry.seq_reserved)},
+        )
+        return True
+
+    def _lost(self, entry: JournalEntry, reason: str) -> None:
+        """A journalled session that cannot be re-adopted: tombstone, journal row gone, an event."""
+        self.lost_total += 1
+        assert self.journal is not None
+        self.journal.forget(entry.session)
+        key = str(entry.options.get("idempotency_key", ""))
+        self._tombstones[entry.session] = Tombstone(entry.session, time.time(), reason, key)
+        if key:
+            self._by_key[key] = entry.session
+        log.warning("session %s: %s", entry.session, reason)
+        if self.events is not None:
+            labels = dict(entry.options.get("labels", {}))
+            data = {"reason": reason, "steps": entry.steps, "unused_seq_window": _window(entry.seq_reserved)}
+            self.events.emit(ev.Event(ev.FAILED, self.node_id, entry.session, entry.seq_reserved + 1, data, labels))
+
     # -- events ---------------------------------------------------------------------------------
     def _emit(self, session: Session, type_: str, data: dict[str, Any]) -> None:
         if self.events is None:
             return
         session.event_seq += 1
+        if session.event_seq > session.seq_reserved and self.journal is not None and session.state is SessionState.READY:
+            session.seq_reserved = session.event_seq - 1 + SEQ_BLOCK
+            self.journal.reserve(session.id, session.seq_reserved, session.steps)
         self.events.emit(ev.Event(type_, self.node_id, session.id, session.event_seq, data, dict(session.options.labels)))
 
     def _step_event(self, session: Session, req: ExecRequest, result: ExecResult, seq: int) -> None:
@@ -311,6 +443,7 @@ class SessionManager:
         if session.state in (SessionState.CLOSING, SessionState.CLOSED, SessionState.FAILED):
             return False
         session.transition(SessionState.CLOSING)
+        self._journal_forget(session)
         try:
             if session.sandbox is not None:
                 await session.pool.release(session.sandbox, reason)
@@ -420,21 +553,26 @@ class SessionManager:
         try:
             return await sandbox.exec(req, on_chunk)
         except SandboxDied as e:
-            await self._fail(session, f"sandbox died: {e.message}")
-            raise SandboxDied(
-                f"the sandbox of session {session.id} died: {e.message}; start a new session", session_id=session.id
-            ) from None
+            reason = await self._fail(session, e.message)
+            raise SandboxDied(f"the {reason}; start a new session", session_id=session.id) from None
 
-    async def _fail(self, session: Session, reason: str) -> None:
+    async def _fail(self, session: Session, detail: str) -> str:
+        """End a session whose sandbox died; returns the reason it now carries (from the engine)."""
         if session.state is not SessionState.READY:
-            return
+            return f"sandbox of session {session.id} died: {session.end_reason or detail}"
         session.transition(SessionState.FAILED)
+        self._journal_forget(session)
         self.sessions.pop(session.id, None)
-        self._bury(session, reason)
-        self._emit(session, ev.ALERT, {"kind": "sandbox_died", "reason": reason})
-        self._emit(session, ev.FAILED, {"reason": reason, "steps": session.steps})
+        self._bury(session, f"sandbox died: {detail}")  # until the engine says more
+        cause, oom = await session.pool.death_cause(session.sandbox) if session.sandbox is not None else (detail, False)
+        reason = f"sandbox of session {session.id} died: {cause}"
+        self._bury(session, f"sandbox died: {cause}")
+        alert = {"kind": "oom_killed" if oom else "sandbox_died", "reason": cause, "detail": detail, "oom_killed": oom}
+        self._emit(session, ev.ALERT, alert)
+        self._emit(session, ev.FAILED, {"reason": f"sandbox died: {cause}", "steps": session.steps, "oom_killed": oom})
         if session.sandbox is not None:
-            await session.pool.release(session.sandbox, reason)
+            await session.pool.release(session.sandbox, f"sandbox died: {cause}")
+        return reason
 
     # -- reaping and shutdown -----------------------------------------------------------------------
     async def run_reaper(self) -> None:
@@ -447,7 +585,7 @@ class SessionManager:
                 if session.state is not SessionState.READY:
                     continue
                 if session.sandbox is not None and not session.sandbox.alive:
-                    await self._fail(session, f"sandbox died ({session.sandbox.channel.closed_reason})")
+                    await self._fail(session, session.sandbox.channel.closed_reason or "its channel closed")
                     continue
                 idle = now - session.last_used
                 if session.in_flight == 0 and idle > session.options.idle_timeout:
@@ -470,3 +608,8 @@ class SessionManager:
             for s in self.sessions.values()
             if (not pool or s.pool.name == pool) and all(s.options.labels.get(k) == v for k, v in labels.items())
         ]
+
+
+def _window(seq_reserved: int) -> list[int]:
+    """Event numbers an earlier life may or may not have used before it died (see journal.py)."""
+    return [max(1, seq_reserved - SEQ_BLOCK + 1), seq_reserved]

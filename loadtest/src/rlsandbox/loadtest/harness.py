@@ -52,6 +52,7 @@ max_waiters_per_pool = 4096
 create_concurrency = 4
 nats_url = "{nats}"
 events_outbox = "{outbox}"
+session_journal = "{journal}"
 heartbeat_interval = 2.0
 [[pools]]
 name = "busybox"
@@ -417,6 +418,7 @@ async def run(opts: Options) -> dict[str, Any]:
                 node=node_id,
                 nats=nats.url,
                 outbox=tmp / "outbox.sqlite3",
+                journal=tmp / "sessions.sqlite3",
                 busybox_ready=4,
                 python_ready=max(4, min(biggest, 64)),
             )

@@ -181,10 +181,11 @@ class _Command(object):
         self.timed_out = False
         self.cancelled = False
         self.done = False
+        self.epoch = agent.epoch  # the daemon connection that asked; answers go to no other
 
     def on_output(self, which, chunk):
         kept = (self.out if which == 1 else self.err).add(chunk)
-        if self.stream and kept:
+        if self.stream and kept and self.epoch == self.agent.epoch:
             self.agent.send(K_STDOUT if which == 1 else K_STDERR, self.rid, b"{}", kept)
 
     def finish(self, exit_code, sig, extra=None):
@@ -205,9 +206,13 @@ class _Command(object):
         }
         if extra:
             meta.update(extra)
+        self.agent.orphans.discard(self)
+        if self.epoch != self.agent.epoch:
+            return  # asked by a connection that is gone: nobody is left to answer
         body = b"" if self.stream else bytes(self.out.data) + bytes(self.err.data)
         self.agent.send(K_RESULT, self.rid, _dumps(meta), body)
-        self.agent.commands.pop(self.rid, None)
+        if self.agent.commands.get(self.rid) is self:
+            del self.agent.commands[self.rid]
 
 
 class _ProcessCommand(_Command):
@@ -276,7 +281,7 @@ class _ProcessCommand(_Command):
         self.kill()
 
     def maybe_finish(self, force=False):
-        if self.exit_status is None or (self.open_pipes and not force):
+        if self.done or self.exit_status is None or (self.open_pipes and not force):
             return
         if self.open_pipes:
             # The grace ran out with a pipe still open. Whatever is already in it still belongs
@@ -521,6 +526,7 @@ class Agent(object):
     def __init__(self, infd=0, outfd=1, listener=None):
         self.listener = listener
         self.conn = None
+        self.epoch = 0  # bumped when a daemon connection goes away (socket mode)
         if listener is not None:
             infd = outfd = None
         self.infd = infd
@@ -529,6 +535,7 @@ class Agent(object):
         self.decoder = FrameDecoder()
         self.outbuf = bytearray()
         self.commands = {}
+        self.orphans = set()  # commands of a daemon connection that is gone, being cancelled
         self.by_pid = {}
         self.readers = {}
         self.stdin_feeds = {}
@@ -567,12 +574,27 @@ class Agent(object):
         self.sel.register(conn, selectors.EVENT_READ, "conn")
 
     def _drop_connection(self):
-        """Socket mode: the daemon went away. Commands keep running; their answers are dropped."""
+        """Socket mode: the daemon went away (it may come back and re-adopt the sandbox).
+
+        Its commands in flight are cancelled: nobody is left to read their results, and a daemon
+        that reconnects numbers its requests from 1 again. Persistent shells, files and background
+        processes the agent's commands started stay as they are.
+        """
         self.sel.unregister(self.conn)
         self.conn.close()
         self.conn = None
         self.infd = self.outfd = None
         del self.outbuf[:]
+        self.epoch += 1
+        orphans = list(self.commands.values())
+        self.orphans.update(orphans)
+        self.commands.clear()
+        del self.spawn_backlog[:]
+        for cmd in orphans:
+            try:
+                cmd.cancel()
+            except (OSError, ValueError):
+                pass
 
     def _hang_up(self):
         if self.conn is not None:
@@ -802,8 +824,13 @@ class Agent(object):
     def _on_term(self, *args):
         self.running = False
 
+    def _tracked(self):
+        if self.orphans:
+            return list(self.commands.values()) + list(self.orphans)
+        return list(self.commands.values())
+
     def _next_timeout(self):
-        deadlines = [d for d in (c.next_deadline() for c in self.commands.values()) if d is not None]
+        deadlines = [d for d in (c.next_deadline() for c in self._tracked()) if d is not None]
         if self.spawn_backlog:
             deadlines.append(time.monotonic() + 0.05)
         if not deadlines:
@@ -851,7 +878,7 @@ class Agent(object):
             if self.spawn_backlog:
                 self._retry_spawns()
             now = time.monotonic()
-            for cmd in list(self.commands.values()):
+            for cmd in self._tracked():
                 d = cmd.next_deadline()
                 if d is not None and now >= d:
                     cmd.on_deadline(now)

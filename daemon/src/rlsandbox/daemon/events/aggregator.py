@@ -25,6 +25,7 @@ from aiohttp import web
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from rlsandbox.daemon.events.connection import NatsAuth
 from rlsandbox.daemon.events.model import CONSUMER, STREAM, SUBJECT_ROOT
 from rlsandbox.daemon.events.publisher import ensure_stream
 from rlsandbox.daemon.events.store import Store
@@ -48,8 +49,10 @@ class Aggregator:
         stream: str = STREAM,
         batch: int = 1000,
         http: str | None = None,
+        auth: NatsAuth | None = None,
     ) -> None:
         self.nats_url = nats_url
+        self._auth_options = (auth or NatsAuth()).connect_options()
         self.store = Store(db_path)
         self.durable = durable
         self.stream = stream
@@ -94,7 +97,12 @@ class Aggregator:
 
     async def _consume(self) -> None:
         self._nc = await nats.connect(
-            self.nats_url, name="rlsandbox-aggregator", max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=2
+            self.nats_url,
+            name="rlsandbox-aggregator",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            connect_timeout=2,
+            **self._auth_options,
         )
         js = self._nc.jetstream(timeout=10)
         await ensure_stream(js, self.stream)

@@ -37,12 +37,13 @@ REWARD = "reward"
 CLOSED = "closed"
 FAILED = "failed"
 ALERT = "alert"
+ADOPTED = "adopted"  # a restarted daemon took the session over again
 # Node event types (subject rlsandbox.v1.<node>.node.<type>).
 HEARTBEAT = "heartbeat"
 # Several step events in one message (subject rlsandbox.v1.<node>.steps).
 BATCH = "batch"
 
-SESSION_TYPES = frozenset({CREATED, STEP, FILES, REWARD, CLOSED, FAILED, ALERT})
+SESSION_TYPES = frozenset({CREATED, STEP, FILES, REWARD, CLOSED, FAILED, ALERT, ADOPTED})
 NODE_TYPES = frozenset({HEARTBEAT, ALERT})
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")

@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from rlsandbox.daemon.errors import FailedPrecondition, Unavailable
@@ -33,8 +34,10 @@ def free_port() -> int:
 class NatsServer:
     """``await start()``, ``url``, ``await stop()``; restartable on the same port and store."""
 
-    def __init__(self, store_dir: str | Path, port: int | None = None) -> None:
+    def __init__(self, store_dir: str | Path, port: int | None = None, extra_args: Sequence[str] = ()) -> None:
+        """``extra_args``: more nats-server flags (``--user u --pass p``, ``--auth TOKEN``)."""
         self.store_dir = Path(store_dir)
+        self.extra_args = tuple(extra_args)
         self.port = port or free_port()
         self.process: asyncio.subprocess.Process | None = None
 
@@ -45,7 +48,7 @@ class NatsServer:
     async def start(self, timeout: float = 20.0) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self.process = await asyncio.create_subprocess_exec(
-            nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store_dir),
+            nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store_dir), *self.extra_args,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         deadline = asyncio.get_running_loop().time() + timeout

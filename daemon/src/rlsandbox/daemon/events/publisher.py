@@ -30,6 +30,7 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import StorageType, StreamConfig
+from rlsandbox.daemon.events.connection import NatsAuth
 from rlsandbox.daemon.events.model import (
     ALERT,
     DUPLICATE_WINDOW,
@@ -97,6 +98,7 @@ class EventPublisher:
         heartbeat: returns the heartbeat's data (capacity, pools, load, version).
         linger: seconds a non-full batch waits for more events before it is published.
         step_batch: step events per batch message (1: every step on its own session subject).
+        auth: credentials for NATS (see :mod:`rlsandbox.daemon.events.connection`).
     """
 
     def __init__(
@@ -113,7 +115,9 @@ class EventPublisher:
         stream: str = STREAM,
         linger: float = 0.02,
         step_batch: int = 256,
+        auth: NatsAuth | None = None,
     ) -> None:
+        self._auth_options = (auth or NatsAuth()).connect_options()
         self.linger = linger
         self.step_batch = step_batch
         self._batch_seq = 0
@@ -207,6 +211,7 @@ class EventPublisher:
                     reconnected_cb=self._on_reconnect,
                     error_cb=self._on_error,
                     pending_size=64 * 1024 * 1024,
+                    **self._auth_options,
                 )
             except Exception as e:
                 self.last_error = f"cannot connect to NATS at {self.nats_url}: {e}"

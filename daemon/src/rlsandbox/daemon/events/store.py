@@ -3,7 +3,9 @@
 Session events are keyed by (session, seq): an event that arrives twice (redelivery, a replayed
 outbox) is counted as a duplicate and changes nothing else. What the events say is kept in plain
 tables (sessions, steps, rewards, nodes, alerts) that the queries read; gaps are the sequence
-numbers a session has not delivered (its highest seq minus the events it has).
+numbers a session has not delivered (its highest seq minus the events it has), except inside a
+window a restarted daemon declared (``unused_seq_window``): numbers there may never have been
+used, so what is missing in them is counted apart as ``crash_window_missing``.
 Several aggregator processes may share one database file (SQLite serialises their writes).
 """
 
@@ -39,6 +41,8 @@ CREATE TABLE IF NOT EXISTS nodes (node TEXT PRIMARY KEY, last_heartbeat REAL NOT
 CREATE TABLE IF NOT EXISTS alerts (key TEXT PRIMARY KEY, node TEXT NOT NULL, session TEXT, kind TEXT NOT NULL,
     ts REAL NOT NULL, data TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS seq_windows (session TEXT NOT NULL, lo INTEGER NOT NULL, hi INTEGER NOT NULL,
+    PRIMARY KEY (session, lo)) WITHOUT ROWID;
 """
 
 RUN_LABEL = "run"
@@ -201,6 +205,9 @@ class Store:
             )
         elif typ == FILES:
             pass
+        window = data.get("unused_seq_window")
+        if isinstance(window, list) and len(window) == 2 and all(isinstance(x, int) for x in window):
+            db.execute("INSERT OR IGNORE INTO seq_windows (session, lo, hi) VALUES (?, ?, ?)", (session, window[0], window[1]))
         return True
 
     # -- queries --------------------------------------------------------------------------------
@@ -232,7 +239,13 @@ class Store:
             "SELECT run AS name, COUNT(*) AS sessions_seen, SUM(steps) AS steps, SUM(state = 'open') AS open, "
             "SUM(max_seq - events) AS missing_events, SUM(duplicates) AS duplicates FROM sessions GROUP BY run ORDER BY run"
         )
+        with self._lock:
+            in_windows = self._window_missing()
+            run_of = dict(
+                self._db.execute("SELECT session, run FROM sessions WHERE session IN (SELECT session FROM seq_windows)")
+            )
         for r in rows:
+            r["missing_events"] -= sum(n for session, n in in_windows.items() if run_of.get(session) == r["name"])
             r.update({k: v for k, v in stats.get(r["name"], {}).items() if k not in ("name", "sessions")})
         return rows
 
@@ -253,19 +266,33 @@ class Store:
             r["data"] = orjson.loads(r["data"])
         return rows
 
+    def _window_missing(self) -> dict[str, int]:
+        """Per session, the numbers missing inside the windows restarted daemons declared."""
+        missing: dict[str, int] = {}
+        for session, lo, hi in self._db.execute("SELECT session, lo, hi FROM seq_windows").fetchall():
+            have = self._db.execute(
+                "SELECT COUNT(*) FROM events WHERE session = ? AND seq BETWEEN ? AND ?", (session, lo, hi)
+            ).fetchone()[0]
+            missing[session] = missing.get(session, 0) + (hi - lo + 1 - have)
+        return missing
+
     def integrity(self) -> dict[str, Any]:
         with self._lock:
             events = self._db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
             sessions, missing, dups = self._db.execute(
                 "SELECT COUNT(*), COALESCE(SUM(max_seq - events), 0), COALESCE(SUM(duplicates), 0) FROM sessions"
             ).fetchone()
-            gaps = self._db.execute("SELECT COUNT(*) FROM sessions WHERE max_seq > events").fetchone()[0]
+            gap_sessions = dict(self._db.execute("SELECT session, max_seq - events FROM sessions WHERE max_seq > events"))
+            in_windows = self._window_missing()
             counters = dict(self._db.execute("SELECT name, value FROM counters").fetchall())
+        window_missing = sum(in_windows.values())
+        gaps = sum(1 for s, n in gap_sessions.items() if n > in_windows.get(s, 0))
         return {
             "events": events,
             "sessions": sessions,
             "sessions_with_gaps": gaps,
-            "missing_events": missing,
+            "missing_events": missing - window_missing,
+            "crash_window_missing": window_missing,
             "duplicates": dups,
             "duplicates_total": counters.get("duplicates", 0),
             "invalid": counters.get("invalid", 0),

@@ -13,7 +13,8 @@ from pathlib import Path
 from rlsandbox.daemon.agent import AGENT_PATH
 from rlsandbox.daemon.agent.channel import AgentChannel
 from rlsandbox.daemon.agent.socket_transport import UnixSocketTransport
-from rlsandbox.daemon.errors import SandboxError
+from rlsandbox.daemon.errors import SandboxDied, SandboxError
+from rlsandbox.daemon.journal import JournalEntry
 from rlsandbox.daemon.model import AgentMode, ExecRequest
 from rlsandbox.daemon.pool.spec import PoolSpec
 from rlsandbox.daemon.runtime.docker import (
@@ -37,6 +38,7 @@ REMOVE_TIMEOUT = 30.0
 # while a short queue on our side lets each one finish well within it.
 REMOVE_CONCURRENCY = 8
 DEFAULT_SOCKET_ROOT = Path("/run/rlsandbox/sockets")
+ADOPT_TIMEOUT = 5.0  # seconds for a surviving agent to answer a restarted daemon
 
 
 class SetupFailed(SandboxError):
@@ -119,6 +121,7 @@ class SandboxFactory:
                 mode="agent" if use_agent else "exec",
                 runtime=cspec.runtime,
                 image=cspec.image,
+                transport="socket" if socket_dir is not None else "attach" if use_agent else "exec",
             )
             for command in spec.setup:
                 result = await sandbox.exec(ExecRequest(shell=command, timeout=spec.setup_timeout, cwd=cspec.workdir))
@@ -133,6 +136,72 @@ class SandboxFactory:
         except BaseException:
             await asyncio.shield(self._remove(name, cid, channel, "failed setup"))
             raise
+
+    async def adopt(self, entry: JournalEntry, state: str | None, timeout: float = ADOPT_TIMEOUT) -> Sandbox:
+        """Reconnect to a sandbox that an earlier life of this daemon handed out.
+
+        ``state`` is the container's state as the engine lists it (None: not found). Raises
+        :class:`SandboxDied` saying why the sandbox cannot be adopted; the caller leaves the
+        container to the reconciler.
+        """
+        if state is None:
+            raise SandboxDied("its container is gone")
+        if state != "running":
+            raise SandboxDied(f"its container is {state}")
+        channel: SandboxChannel
+        if entry.transport == "socket":
+            if self.socket_root is None:
+                raise SandboxDied("its agent socket is not kept by this configuration (agent_socket_root is empty)")
+            path = self.socket_root / entry.container / AGENT_SOCKET
+            if not path.exists():
+                raise SandboxDied(f"its agent socket {path} is gone")
+            channel = AgentChannel(await UnixSocketTransport.connect(path, timeout), name=entry.container)
+        elif entry.transport == "exec":
+            channel = ExecChannel(self.runtime, entry.container_id)
+        else:
+            raise SandboxDied("its agent spoke over the container's attach stream, which ended with the daemon")
+        try:
+            await channel.start(timeout=timeout)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await channel.close("adoption failed")
+            raise
+        self.live[entry.container] = entry.container_id
+        return Sandbox(
+            container_id=entry.container_id,
+            name=entry.container,
+            pool=entry.pool,
+            channel=channel,
+            mode="exec" if entry.transport == "exec" else "agent",
+            runtime=entry.runtime,
+            image=entry.image,
+            transport=entry.transport,
+        )
+
+    async def death_cause(self, sandbox: Sandbox, wait: float = 2.0) -> tuple[str, bool]:
+        """Why a sandbox stopped answering, as the engine saw it: (what to tell the caller, OOM-killed).
+
+        The agent's stream ends as its container exits, so the engine is given ``wait`` seconds
+        to notice before the container counts as still running.
+        """
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                info = await self.runtime.inspect(sandbox.container_id, timeout=5.0)
+            except SandboxError as e:
+                return f"its container is gone ({e.message})", False
+            state = info.get("State") or {}
+            if not state.get("Running") or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.05)
+        if state.get("OOMKilled"):
+            limit = (info.get("HostConfig") or {}).get("Memory") or 0
+            return f"out of memory: the kernel OOM-killed it at its memory limit of {limit >> 20} MB", True
+        if state.get("Running"):
+            return "its agent stopped answering while its container still runs", False
+        code = state.get("ExitCode")
+        killed = " (SIGKILL from outside: docker kill, a node restart)" if code == 137 else ""
+        return f"its container exited with code {code}{killed}", False
 
     async def destroy(self, sandbox: Sandbox, reason: str = "released") -> None:
         await self._remove(sandbox.name, sandbox.container_id, sandbox.channel, reason)

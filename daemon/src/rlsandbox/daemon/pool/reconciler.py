@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import time
 
 from rlsandbox.daemon.errors import SandboxError
@@ -46,6 +47,8 @@ class Reconciler:
                 continue
             if await runtime.remove(c.id):
                 removed.append(c.name)
+            if self._factory.socket_root is not None:  # its agent's socket folder, if it had one
+                shutil.rmtree(self._factory.socket_root / c.name, ignore_errors=True)
         if removed:
             self.removed_total += len(removed)
             log.warning(

@@ -166,6 +166,15 @@ class WarmPool:
         self._wake.set()
         return sandbox
 
+    async def death_cause(self, sandbox: Sandbox) -> tuple[str, bool]:
+        """Why a sandbox of this pool died: (reason, OOM-killed); see :meth:`SandboxFactory.death_cause`."""
+        return await self._factory.death_cause(sandbox)
+
+    def adopt(self, sandbox: Sandbox) -> None:
+        """Count a sandbox that an earlier life of the daemon leased (re-adopted) as leased here."""
+        self._leased.add(sandbox)
+        self._wake.set()
+
     async def release(self, sandbox: Sandbox, reason: str = "released") -> None:
         """Destroy a leased sandbox (never reused) and let the refill loop replace it."""
         self._leased.discard(sandbox)
