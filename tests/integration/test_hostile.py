@@ -4,6 +4,8 @@ sessions keep working, health stays SERVING, the hostile sandbox is removed when
 from __future__ import annotations
 
 import asyncio
+import io
+import tarfile
 import time
 from collections.abc import AsyncIterator
 
@@ -22,7 +24,11 @@ pytestmark = pytest.mark.docker
 async def node(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
     pool = PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=8, memory_mb=512, pids=256)
     tiny = PoolConfig(name="tiny", image="rlsandbox/python-task:latest", min_ready=1, max_total=2, memory_mb=48)
-    async with running_daemon(daemon_config(pools=[pool, tiny])) as daemon:
+    quota = PoolConfig(
+        name="quota", image="rlsandbox/python-task:latest", min_ready=1, max_total=2, memory_mb=256, workspace_mb=32
+    )
+    readonly = PoolConfig(name="readonly", image="rlsandbox/python-task:latest", min_ready=1, max_total=2, read_only_root=True)
+    async with running_daemon(daemon_config(pools=[pool, tiny, quota, readonly])) as daemon:
         yield daemon
 
 
@@ -126,3 +132,33 @@ async def test_sandbox_oom_killed_as_a_whole_is_aborted_and_told_apart(node: Nod
     with pytest.raises(NotFoundError, match="out of memory"):
         await hc.get_session(s.id)
     await assert_node_healthy(node, hc)
+
+
+async def _engine_view(node: NodeDaemon, s: AsyncSession, path: str) -> set[str]:
+    """The names under ``path`` as the grader reads them: through the engine's archive API."""
+    sandbox = node.sessions.get(s.id).sandbox
+    assert sandbox is not None
+    tar = await node.runtime.get_archive(sandbox.container_id, path, 1 << 20)
+    return set(tarfile.open(fileobj=io.BytesIO(tar)).getnames())
+
+
+async def test_filling_the_disk_stops_at_the_workspace_quota(node: NodeDaemon, hc: AsyncClient) -> None:
+    async with hc.session("quota") as s:
+        r = await s.exec("dd if=/dev/zero of=/workspace/fill bs=1M count=100", timeout=30)
+        assert r.exit_code != 0 and b"No space left on device" in r.stderr
+        size_mb = int((await s.exec("du -sm /workspace/fill")).stdout.split()[0])
+        assert 30 <= size_mb <= 32  # stopped at the 32 MB quota, not at the node's disk
+        assert (await s.exec("rm /workspace/fill && echo after > /workspace/after")).exit_code == 0
+        assert (await s.read_files(["/workspace/after"]))["/workspace/after"].data == b"after\n"
+        # The grader reads workspaces through the engine: the quota volume is visible to it.
+        assert "workspace/after" in await _engine_view(node, s, "/workspace")
+    await assert_node_healthy(node, hc)
+
+
+async def test_read_only_root_keeps_tmp_and_the_workspace_writable(node: NodeDaemon, hc: AsyncClient) -> None:
+    async with hc.session("readonly") as s:
+        r = await s.exec("touch /usr/lib/planted")
+        assert r.exit_code != 0 and b"Read-only file system" in r.stderr
+        assert (await s.exec("echo t > /tmp/t && echo w > /workspace/w && python3 -c 'print(1)'")).exit_code == 0
+        assert "workspace/w" in await _engine_view(node, s, "/workspace")
+        assert (await s.exec("echo shell-too", shell_session="main")).stdout == b"shell-too\n"

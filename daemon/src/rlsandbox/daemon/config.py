@@ -37,6 +37,7 @@ class PoolConfig(BaseModel):
     nofile: int = Field(4096, ge=64)
     network: bool = False
     read_only_root: bool = False
+    workspace_mb: int = Field(0, ge=0)
     workdir: str = "/workspace"
     env: dict[str, str] = Field(default_factory=dict)
     setup: list[str] = Field(default_factory=list)
@@ -54,6 +55,7 @@ class PoolConfig(BaseModel):
                 workdir=self.workdir,
                 agent=AgentMode(self.agent),
                 read_only_root=self.read_only_root,
+                workspace_mb=self.workspace_mb,
             ),
             min_ready=self.min_ready,
             max_total=self.max_total,

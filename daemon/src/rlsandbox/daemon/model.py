@@ -40,6 +40,7 @@ class ContainerSpec:
     workdir: str = "/workspace"
     agent: AgentMode = AgentMode.AUTO
     read_only_root: bool = False
+    workspace_mb: int = 0  # >0: the workdir is a tmpfs volume of this size (a disk quota that works on any filesystem)
 
 
 @dataclass(frozen=True, slots=True)

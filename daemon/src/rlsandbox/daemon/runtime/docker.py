@@ -53,6 +53,8 @@ DEFAULT_SOCKET = "/var/run/docker.sock"
 # No .pyc files: an agent that edits a module twice within one second (same size) would otherwise
 # run stale bytecode, since pyc invalidation compares whole-second mtimes and sizes.
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
+READ_ONLY_WORKSPACE_MB = 2048  # the workdir volume of a read-only-root pool without workspace_mb
+READ_ONLY_TMP_MB = 512
 KEPT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
 
 
@@ -188,8 +190,17 @@ class DockerRuntime:
             "ReadonlyRootfs": spec.read_only_root,
             "AutoRemove": False,
         }
+        workspace_mb = spec.workspace_mb or (READ_ONLY_WORKSPACE_MB if spec.read_only_root else 0)
+        if workspace_mb:
+            # A tmpfs-backed anonymous volume, not a plain tmpfs mount: the Engine's archive API
+            # (task workspaces in, the grader's snapshots out) sees volumes but not tmpfs mounts.
+            # Writes past the size fail with ENOSPC inside the sandbox; the pages count against
+            # the sandbox's memory limit. Removed with the container (remove(v=True)).
+            tmpfs = {"type": "tmpfs", "device": "tmpfs", "o": f"size={workspace_mb}m"}
+            volume = {"DriverConfig": {"Name": "local", "Options": tmpfs}}
+            host["Mounts"] = [{"Type": "volume", "Target": spec.workdir, "VolumeOptions": volume}]
         if spec.read_only_root:
-            host["Tmpfs"] = {"/tmp": "rw,exec,size=512m", spec.workdir: "rw,exec,size=2g"}
+            host["Tmpfs"] = {"/tmp": f"rw,exec,size={READ_ONLY_TMP_MB}m"}
         config: dict[str, Any] = {
             "Image": spec.image,
             "Labels": dict(labels),
