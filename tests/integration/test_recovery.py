@@ -1,23 +1,32 @@
-"""Crash recovery: a daemon killed with SIGKILL and started again re-adopts its live sessions."""
+"""Recovery: a daemon killed with SIGKILL and started again re-adopts its live sessions; a Docker
+engine restarted under load makes calls fail fast, and the daemon recovers by itself."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import grpc
 import pytest
-from helpers import TEST_OWNER
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers import BUSYBOX, TEST_OWNER, daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, NotFoundError, SandboxRPCError
+from rlsandbox.daemon.config import PoolConfig
+from rlsandbox.daemon.errors import SandboxError
 from rlsandbox.daemon.events.aggregator import Aggregator
 from rlsandbox.daemon.events.nats_server import NatsServer
 from rlsandbox.daemon.runtime.docker import LABEL_OWNER, LABEL_POOL, DockerRuntime
+from rlsandbox.daemon.server import NodeDaemon
 
 pytestmark = pytest.mark.docker
 
@@ -177,3 +186,135 @@ async def test_sigkilled_daemon_restarts_and_readopts_its_sessions(
     assert lost["type"] == "failed" and "lost when the daemon restarted" in lost["data"]["reason"]
     integrity = agg.store.integrity()
     assert integrity["missing_events"] == 0 and integrity["duplicates"] == 0, integrity
+
+
+class Engine:
+    """A Docker engine of the test's own (its own socket, data and exec roots, no bridge), so that
+    restarting it hits nothing but the daemon under test. Started and stopped by its PID."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.socket = root / "docker.sock"
+        self.proc: asyncio.subprocess.Process | None = None
+        (root / "daemon.json").write_text("{}")
+
+    async def start(self) -> None:
+        with (self.root / "dockerd.log").open("ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                "dockerd", "--host", f"unix://{self.socket}", "--data-root", str(self.root / "data"),
+                "--exec-root", str(self.root / "exec"), "--pidfile", str(self.root / "docker.pid"),
+                "--config-file", str(self.root / "daemon.json"), "--bridge", "none", "--iptables=false",
+                stdout=asyncio.subprocess.DEVNULL, stderr=log,
+            )  # fmt: skip
+        deadline = time.monotonic() + 60
+        async with DockerRuntime(owner="engine-probe", socket_path=str(self.socket)) as probe:
+            while True:
+                try:
+                    await probe.ping(timeout=2)
+                    return
+                except SandboxError:
+                    assert time.monotonic() < deadline and self.proc.returncode is None, "the test's dockerd did not start"
+                    await asyncio.sleep(0.2)
+
+    async def stop(self) -> None:
+        """SIGTERM, as `systemctl restart docker` does; it stops its containers on the way out."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            await asyncio.wait_for(self.proc.wait(), 60)
+
+
+@pytest.fixture
+async def engine(tmp_path: Path, images: object) -> AsyncIterator[Engine]:
+    root = Path(tempfile.mkdtemp(prefix="rls-engine-", dir="/var/tmp"))
+    engine = Engine(root)
+    await engine.start()
+    try:
+        # The busybox image, from the main engine (docker save | docker load; 2 MB).
+        save = await asyncio.create_subprocess_shell(
+            f"docker save {BUSYBOX} | docker -H unix://{engine.socket} load -q", stdout=asyncio.subprocess.DEVNULL
+        )
+        assert await save.wait() == 0
+        yield engine
+    finally:
+        await engine.stop()
+        # Containers an aborted test may have left, then the engine's files (its own, by path).
+        subprocess.run(["umount", "-R", str(root / "exec")], stderr=subprocess.DEVNULL, check=False)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_docker_engine_restart_mid_load_fails_fast_and_recovers(engine: Engine) -> None:
+    node_id = f"{TEST_OWNER}-engine"
+    config = daemon_config(
+        node_id=node_id,
+        docker_socket=str(engine.socket),
+        pools=[PoolConfig(name="busybox", image=BUSYBOX, min_ready=4, max_total=32, memory_mb=64)],
+    )
+    unexpected: list[str] = []
+    outcomes: list[tuple[str, float]] = []  # (status, seconds) of every call made during the outage
+    stop_load = asyncio.Event()
+
+    async def load(client: AsyncClient, session_id: str) -> None:
+        while not stop_load.is_set():
+            started = time.monotonic()
+            try:
+                await client.exec(session_id, "true", timeout=30)
+                status = "OK"
+            except SandboxRPCError as e:
+                status = e.code.name
+                if status not in ("UNAVAILABLE", "ABORTED", "NOT_FOUND"):
+                    unexpected.append(str(e))
+            outcomes.append((status, time.monotonic() - started))
+            await asyncio.sleep(0.01)
+
+    async with running_daemon(config) as node, AsyncClient(node.address, timeout=30) as client:
+        sessions = [await client.create_session("busybox") for _ in range(4)]
+        workers = [asyncio.create_task(load(client, s.id)) for s in sessions]
+        await asyncio.sleep(1.0)
+        assert outcomes and all(status == "OK" for status, _ in outcomes)
+
+        outcomes.clear()
+        await engine.stop()
+        down_at = time.monotonic()
+        # Health follows the engine: NOT_SERVING within a few failed pings.
+        while node.docker_ok:
+            assert time.monotonic() - down_at < 30, "health did not notice the engine was gone"
+            await asyncio.sleep(0.2)
+        assert await _health(node) == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(SandboxRPCError) as refused:
+            await client.create_session("busybox", acquire_timeout=2)
+        assert refused.value.code.name == "UNAVAILABLE" and "Docker engine" in str(refused.value)
+        await asyncio.sleep(2.0)
+
+        await engine.start()
+        stop_load.set()
+        await asyncio.gather(*workers)
+        # Every call during the outage failed fast with a retryable status; none hung.
+        statuses = {status for status, _ in outcomes}
+        assert statuses <= {"OK", "UNAVAILABLE", "ABORTED", "NOT_FOUND"}, unexpected[:3]
+        assert "UNAVAILABLE" in statuses or "ABORTED" in statuses
+        assert max(seconds for _, seconds in outcomes) < 10, "a call hung while the engine was down"
+
+        # Recovery by itself: health SERVING again, new sessions work, the dead ones say why.
+        deadline = time.monotonic() + 90
+        while not (node.docker_ok and await _health(node) == health_pb2.HealthCheckResponse.SERVING):
+            assert time.monotonic() < deadline, "health did not come back"
+            await asyncio.sleep(0.2)
+        while True:
+            try:
+                fresh = await client.create_session("busybox", acquire_timeout=10)
+                break
+            except SandboxRPCError:
+                assert time.monotonic() < deadline, "no new session after the engine came back"
+        assert (await fresh.exec("echo back")).stdout == b"back\n"
+        for s in sessions:
+            with pytest.raises((NotFoundError, SandboxRPCError)):
+                await client.exec(s.id, "true")
+                raise AssertionError(f"session {s.id} outlived its sandbox")
+    async with DockerRuntime(owner="check", socket_path=str(engine.socket)) as runtime:
+        assert await runtime.list_containers({LABEL_OWNER: node_id}) == []
+
+
+async def _health(node: NodeDaemon) -> int:
+    async with grpc.aio.insecure_channel(node.address) as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        return int(reply.status)

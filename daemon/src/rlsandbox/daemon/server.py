@@ -206,6 +206,8 @@ class NodeDaemon:
             ok = failures < HEALTH_FAILURES
             if ok != self.docker_ok:
                 log.warning("Docker engine %s", "reachable again" if ok else "unreachable: health NOT_SERVING")
+                if ok:  # an engine restart may have killed ready sandboxes: none is handed out before a probe
+                    await asyncio.gather(*(pool.revalidate() for pool in self.pools.values()), return_exceptions=True)
                 self.docker_ok = ok
             if self._stopping is None:
                 await self._set_health(ok)

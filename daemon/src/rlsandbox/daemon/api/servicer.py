@@ -19,7 +19,7 @@ import grpc
 from rlsandbox.daemon import __version__
 from rlsandbox.daemon.api import convert
 from rlsandbox.daemon.config import DaemonConfig
-from rlsandbox.daemon.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, SandboxError
+from rlsandbox.daemon.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, SandboxError, Unavailable
 from rlsandbox.daemon.model import OutputChunk
 from rlsandbox.daemon.sessions import SessionManager
 from rlsandbox.v1 import sandbox_pb2 as pb
@@ -70,6 +70,12 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     @_translate_errors
     async def CreateSession(self, request: pb.CreateSessionRequest, context: grpc.aio.ServicerContext) -> pb.Session:
         options = convert.session_options(request, self.config)
+        if not self.docker_ok():
+            # Its warm sandboxes may be dead without anyone knowing yet: hand out none.
+            raise Unavailable(
+                f"node {self.sessions.node_id} cannot reach its Docker engine (health NOT_SERVING); "
+                "create the session on another node or retry in a few seconds"
+            )
         options = replace(options, acquire_timeout=_budget(context, options.acquire_timeout))
         session = await self.sessions.create(options)
         return convert.session(session, self.sessions.node_id)

@@ -283,6 +283,10 @@ class WarmPool:
                 if not waiter.done():
                     waiter.set_exception(error_for_waiters)
 
+    async def revalidate(self) -> None:
+        """Probe every ready sandbox now (the engine came back: some may have died meanwhile)."""
+        await self._probe_ready()
+
     async def _probe_ready(self) -> None:
         for sandbox in list(self._ready):
             try:

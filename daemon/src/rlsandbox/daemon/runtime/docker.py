@@ -53,6 +53,8 @@ DEFAULT_SOCKET = "/var/run/docker.sock"
 # No .pyc files: an agent that edits a module twice within one second (same size) would otherwise
 # run stale bytecode, since pyc invalidation compares whole-second mtimes and sizes.
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
+# aiodocker reports a connection it could not make (engine stopped, socket gone) as this status.
+AIODOCKER_CONNECT_FAILED = 900
 READ_ONLY_WORKSPACE_MB = 2048  # the workdir volume of a read-only-root pool without workspace_mb
 READ_ONLY_TMP_MB = 512
 KEPT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
@@ -151,11 +153,15 @@ class DockerRuntime:
         except TimeoutError:
             raise DockerUnavailable(f"Docker engine did not answer {what} within {budget:.1f} s", **fields) from None
         except aiodocker.DockerError as e:
+            if e.status == AIODOCKER_CONNECT_FAILED:
+                unreachable = f"cannot reach the Docker engine at {self.socket_path} ({what}): {e.message}"
+                raise DockerUnavailable(unreachable, **fields) from None
             message = f"Docker engine refused {what}: {e.message}"
             if e.status == 404 and "image" in e.message.lower():
                 raise ImageNotFound(f"{message} (build it with `rlsandbox images build`)", status=404, **fields) from None
-            if e.status == 404:
-                raise ContainerNotFound(message, status=404, **fields) from None
+            if e.status == 404 or (e.status in (409, 500) and "is not running" in e.message):
+                # Gone, or stopped (exec into a dead container): either way it is not coming back.
+                raise ContainerNotFound(message, status=e.status, **fields) from None
             raise DockerError(message, status=e.status, **fields) from None
         except (aiohttp.ClientConnectionError, ConnectionError, FileNotFoundError) as e:
             raise DockerUnavailable(f"cannot reach the Docker engine at {self.socket_path} ({what}): {e}", **fields) from None

@@ -150,7 +150,14 @@ class ExecChannel:
         return False
 
     async def ping(self, timeout: float) -> dict[str, Any]:
-        await self._runtime.inspect(self._cid, timeout=timeout)
+        try:
+            info = await self._runtime.inspect(self._cid, timeout=timeout)
+        except ContainerNotFound as e:
+            self._closed_reason = "container is gone"
+            raise SandboxDied(f"sandbox {self._cid[:12]} is gone: {e.message}", container_id=self._cid) from None
+        if not (info.get("State") or {}).get("Running"):
+            self._closed_reason = "container stopped"
+            raise SandboxDied(f"sandbox {self._cid[:12]} is not running", container_id=self._cid)
         return self.info
 
     async def close(self, reason: str = "closed") -> None:
