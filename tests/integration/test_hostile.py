@@ -14,8 +14,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, AsyncSession, NotFoundError, SandboxAbortedError
 from rlsandbox.daemon.config import PoolConfig
-from rlsandbox.daemon.runtime.docker import LABEL_SESSION
+from rlsandbox.daemon.runtime.docker import KEPT_CAPABILITIES, LABEL_SESSION
 from rlsandbox.daemon.server import NodeDaemon
+
+# linux/capability.h
+CAPABILITY_NUMBERS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5, "SETGID": 6, "SETUID": 7}
 
 pytestmark = pytest.mark.docker
 
@@ -162,3 +165,22 @@ async def test_read_only_root_keeps_tmp_and_the_workspace_writable(node: NodeDae
         assert (await s.exec("echo t > /tmp/t && echo w > /workspace/w && python3 -c 'print(1)'")).exit_code == 0
         assert "workspace/w" in await _engine_view(node, s, "/workspace")
         assert (await s.exec("echo shell-too", shell_session="main")).stdout == b"shell-too\n"
+
+
+async def test_hardened_defaults(node: NodeDaemon, hc: AsyncClient) -> None:
+    """What every sandbox gets without asking: only the capabilities in KEPT_CAPABILITIES,
+    no-new-privileges, Docker's default seccomp filter, and the pool's pids and nofile limits."""
+    async with hc.session("python") as s:
+        status = dict(
+            line.split(":\t", 1) for line in (await s.exec("cat /proc/self/status")).stdout.decode().splitlines() if ":\t" in line
+        )
+        kept = sum(1 << CAPABILITY_NUMBERS[name] for name in KEPT_CAPABILITIES)
+        assert int(status["CapEff"], 16) == kept and int(status["CapBnd"], 16) == kept
+        assert status["NoNewPrivs"].strip() == "1"
+        assert status["Seccomp"].strip() == "2"  # a filter: Docker's default profile
+        assert (await s.exec("ulimit -n")).stdout == b"4096\n"
+        pids_max = await s.exec("cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max")
+        assert pids_max.stdout == b"256\n"
+        raw = await s.exec(["python3", "-c", "import socket; socket.socket(socket.AF_PACKET, socket.SOCK_RAW)"])
+        assert raw.exit_code != 0 and b"PermissionError" in raw.stderr  # no NET_RAW
+        assert (await s.exec("mknod /tmp/dev c 1 3")).exit_code != 0  # no MKNOD

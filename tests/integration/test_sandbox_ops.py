@@ -170,22 +170,26 @@ async def test_agent_under_gvisor(docker_runtime: DockerRuntime, images: dict[st
 
 
 async def test_socket_agent_outlives_its_daemon_connection(docker_runtime: DockerRuntime, images: dict[str, str]) -> None:
-    """A daemon that goes away (crash, restart) does not take the sandbox with it: the agent keeps
-    running commands and accepts the next connection."""
+    """A daemon that goes away (crash, restart) does not take the sandbox with it: processes the
+    commands started in the background live on, the command the daemon was waiting for is
+    cancelled (nobody is left to read its result; a retry after re-adoption must not race it), and
+    the agent accepts the next connection."""
     factory = SandboxFactory(docker_runtime)
     sb = await factory.create(PoolSpec(name="reconnect", container=ContainerSpec(image=images["python"])))
     try:
-        background = asyncio.create_task(sb.exec(ExecRequest(shell="sleep 1; echo survived > /tmp/mark")))
+        started = await sb.exec(ExecRequest(shell="(sleep 1; echo survived > /tmp/background) >/dev/null 2>&1 &"))
+        assert started.exit_code == 0
+        waited = asyncio.create_task(sb.exec(ExecRequest(shell="sleep 1; echo finished > /tmp/waited")))
         await asyncio.sleep(0.3)
         await sb.channel.close("daemon crashed")
         with pytest.raises(SandboxDied):
-            await background
+            await waited
         socket_path = DEFAULT_SOCKET_ROOT / sb.name / "agent.sock"
-        channel = AgentChannel(await UnixSocketTransport.connect(socket_path, 10), name=sb.name)
-        await channel.start(timeout=10)
+        sb.channel = AgentChannel(await UnixSocketTransport.connect(socket_path, 10), name=sb.name)
+        await sb.channel.start(timeout=10)
         await asyncio.sleep(1.2)
-        [mark] = await channel.read_files(["/tmp/mark"], 100, 10)
-        assert mark.data == b"survived\n", "the command died with the daemon's connection"
-        sb.channel = channel
+        background, waited_mark = await sb.channel.read_files(["/tmp/background", "/tmp/waited"], 100, 10)
+        assert background.data == b"survived\n", "a background process died with the daemon's connection"
+        assert waited_mark.error is not None, "the command in flight when the daemon went away was not cancelled"
     finally:
         await factory.destroy(sb)
