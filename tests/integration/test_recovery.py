@@ -189,8 +189,9 @@ async def test_sigkilled_daemon_restarts_and_readopts_its_sessions(
 
 
 class Engine:
-    """A Docker engine of the test's own (its own socket, data and exec roots, no bridge), so that
-    restarting it hits nothing but the daemon under test. Started and stopped by its PID."""
+    """A Docker engine of the test's own (its own socket, data and exec roots, network namespace),
+    so that restarting it hits nothing but the daemon under test. Started and stopped by its PID.
+    (Without a network namespace of its own, a second dockerd deletes the host's docker0 bridge.)"""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -201,7 +202,7 @@ class Engine:
     async def start(self) -> None:
         with (self.root / "dockerd.log").open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                "dockerd", "--host", f"unix://{self.socket}", "--data-root", str(self.root / "data"),
+                "unshare", "--net", "dockerd", "--host", f"unix://{self.socket}", "--data-root", str(self.root / "data"),
                 "--exec-root", str(self.root / "exec"), "--pidfile", str(self.root / "docker.pid"),
                 "--config-file", str(self.root / "daemon.json"), "--bridge", "none", "--iptables=false",
                 stdout=asyncio.subprocess.DEVNULL, stderr=log,
@@ -226,6 +227,7 @@ class Engine:
 @pytest.fixture
 async def engine(tmp_path: Path, images: object) -> AsyncIterator[Engine]:
     root = Path(tempfile.mkdtemp(prefix="rls-engine-", dir="/var/tmp"))
+    host_bridge = Path("/sys/class/net/docker0").exists()
     engine = Engine(root)
     await engine.start()
     try:
@@ -240,6 +242,7 @@ async def engine(tmp_path: Path, images: object) -> AsyncIterator[Engine]:
         # Containers an aborted test may have left, then the engine's files (its own, by path).
         subprocess.run(["umount", "-R", str(root / "exec")], stderr=subprocess.DEVNULL, check=False)
         shutil.rmtree(root, ignore_errors=True)
+    assert Path("/sys/class/net/docker0").exists() == host_bridge, "the test's dockerd touched the host's docker0"
 
 
 async def test_docker_engine_restart_mid_load_fails_fast_and_recovers(engine: Engine) -> None:
