@@ -134,3 +134,27 @@ async def test_socket_agent_survives_its_daemon_and_serves_the_next_one(tmp_path
     finally:
         agent.kill()
         agent.wait()
+
+
+async def test_commands_start_like_popen_would_start_them(channel: AgentChannel, tmp_path: Path) -> None:
+    """posix_spawn in the agent keeps Popen's semantics: SIGPIPE default again in the child (the
+    agent ignores it), the request's PATH used to find the program, cwd honoured, stdin fed, the
+    command a session leader, and 127/126 for a missing program or folder."""
+    piped = await channel.exec(ExecRequest(shell="yes | head -n 1", timeout=10))
+    assert piped.stdout == b"y\n" and piped.stderr == b"", piped.stderr  # yes died of SIGPIPE, silently
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "hello-from-path").write_text("#!/bin/sh\necho found via PATH\n")
+    (bindir / "hello-from-path").chmod(0o755)
+    found = await channel.exec(ExecRequest(argv=("hello-from-path",), env={"PATH": f"{bindir}:/usr/bin:/bin"}, timeout=10))
+    assert found.stdout == b"found via PATH\n"
+    here = await channel.exec(ExecRequest(argv=("pwd",), cwd=str(tmp_path), timeout=10))
+    assert here.stdout.decode().strip() == str(tmp_path)
+    fed = await channel.exec(ExecRequest(argv=("cat",), stdin=b"fed\n", timeout=10))
+    assert fed.stdout == b"fed\n"
+    leader = await channel.exec(ExecRequest(shell="ps -o pid=,sid= -p $$", timeout=10))
+    pid, sid = leader.stdout.split()
+    assert pid == sid
+    assert (await channel.exec(ExecRequest(argv=("no-such-program-rls",), timeout=10))).exit_code == 127
+    assert (await channel.exec(ExecRequest(argv=("true",), cwd=str(tmp_path / "missing"), timeout=10))).exit_code == 126
+    assert (await channel.exec(ExecRequest(argv=("hello-from-path",), timeout=10))).exit_code == 127  # not on the agent's PATH

@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-SCENARIOS = ["sweep", "episodes", "burst", "soak", "baseline"]
+SCENARIOS = ["sweep", "batch", "episodes", "burst", "soak", "baseline"]
 EXTRA = ["live"]  # long: run by name only
 
 
@@ -30,6 +30,8 @@ async def _run(args: argparse.Namespace) -> int:
         "soak_seconds",
         "soak_sessions",
         "burst",
+        "batch_sessions",
+        "batch_in_flight",
         "episode_workers",
         "episodes_per_worker",
         "live_sessions",
@@ -71,6 +73,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     run.add_argument("--soak-rate", dest="soak_rate", type=float, default=None, help="commands per second offered")
     run.add_argument("--soak-seconds", dest="soak_seconds", type=float, default=None)
     run.add_argument("--soak-sessions", dest="soak_sessions", type=int, default=None)
+    run.add_argument("--batch-sessions", dest="batch_sessions", type=int, default=None, help="batch: sessions per ExecBatch call")
+    run.add_argument("--batch-in-flight", dest="batch_in_flight", type=int, default=None, help="batch: calls at a time")
     run.add_argument("--burst", type=int, default=None, help="CreateSession calls per burst")
     run.add_argument("--episode-workers", dest="episode_workers", type=int, default=None)
     run.add_argument("--episodes-per-worker", dest="episodes_per_worker", type=int, default=None)

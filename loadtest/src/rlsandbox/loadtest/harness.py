@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rlsandbox.client import AsyncClient, AsyncSession, SandboxRPCError
+from rlsandbox.client import AsyncClient, AsyncSession, SandboxRPCError, exec_request
 from rlsandbox.daemon.grading.task import Task, load_tasks
 from rlsandbox.loadtest.node import daemon_process, wait_quiet, wait_ready
 from rlsandbox.loadtest.stats import machine, percentile, summary_ms
@@ -188,6 +188,39 @@ async def sweep(client: AsyncClient, rec: Recorder, levels: list[int], seconds: 
         out.append({"concurrency": level, "throughput": len(lat) / elapsed, **rec.summary(op)})
         await asyncio.gather(*(rec.timed("close", s.close) for s in sessions))
     return out
+
+
+async def batch(client: AsyncClient, rec: Recorder, sessions_n: int, in_flight: int, seconds: float, pool: str) -> dict[str, Any]:
+    """ExecBatch, as a trainer stepping many environments at once: every session runs `true` in
+    each call, ``in_flight`` calls at a time. Throughput is commands (not calls) per second."""
+    sessions = await _sessions(client, rec, pool, sessions_n)
+    await wait_quiet(client)
+    requests = [exec_request(s.id, ["true"]) for s in sessions]
+    commands = failed = 0
+    stop = time.perf_counter() + seconds
+
+    async def step_all() -> list[Any]:
+        return await client.exec_batch(requests)
+
+    async def caller() -> None:
+        nonlocal commands, failed
+        while time.perf_counter() < stop:
+            results = await rec.timed("exec_batch", step_all)
+            if results is not None:
+                commands += sum(1 for r in results if not isinstance(r, SandboxRPCError))
+                failed += sum(1 for r in results if isinstance(r, SandboxRPCError))
+
+    t = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(in_flight)))
+    elapsed = time.perf_counter() - t
+    await asyncio.gather(*(rec.timed("close", s.close) for s in sessions))
+    return {
+        "sessions": len(sessions),
+        "in_flight": in_flight,
+        "commands_per_second": commands / elapsed,
+        "failed_commands": failed,
+        **rec.summary("exec_batch"),
+    }
 
 
 async def episodes(client: AsyncClient, rec: Recorder, workers: int, per_worker: int, task: Task, steps: int) -> dict[str, Any]:
@@ -371,6 +404,9 @@ class Options:
     soak_rate: float = 300.0
     soak_seconds: float = 60.0
     soak_sessions: int = 64
+    batch_sessions: int = 64
+    batch_in_flight: int = 2
+    batch_seconds: float = 10.0
     baseline_n: int = 100
     live_sessions: int = 1000
     live_pool: str = "busybox"
@@ -383,6 +419,7 @@ class Options:
         self.episode_workers, self.episodes_per_worker, self.episode_steps = 2, 1, 4
         self.burst = 4
         self.soak_rate, self.soak_seconds, self.soak_sessions = 40.0, 2.0, 4
+        self.batch_sessions, self.batch_seconds = 4, 1.5
         self.baseline_n = 5
         self.live_sessions = 8
 
@@ -413,7 +450,7 @@ async def run(opts: Options) -> dict[str, Any]:
                 await agg_task
 
             stack.push_async_callback(stop_agg)
-            biggest = max([*opts.levels, opts.soak_sessions, opts.burst])
+            biggest = max([*opts.levels, opts.soak_sessions, opts.burst, opts.batch_sessions])
             config = DAEMON.format(
                 node=node_id,
                 nats=nats.url,
@@ -436,6 +473,8 @@ async def run(opts: Options) -> dict[str, Any]:
                 started = time.perf_counter()
                 if name == "sweep":
                     result: Any = await sweep(client, rec, opts.levels, opts.sweep_seconds, "python")
+                elif name == "batch":
+                    result = await batch(client, rec, opts.batch_sessions, opts.batch_in_flight, opts.batch_seconds, "python")
                 elif name == "episodes":
                     result = await episodes(client, rec, opts.episode_workers, opts.episodes_per_worker, task, opts.episode_steps)
                 elif name == "burst":

@@ -22,6 +22,16 @@ def markdown(r: dict[str, Any]) -> str:
         for row in sc["sweep"]["result"]:
             cells = f"{row['p50']:.2f} | {row['p99']:.2f} | {row['max']:.2f}"
             lines.append(f"| {row['concurrency']} | {row['throughput']:,.0f} | {cells} |")
+    if "batch" in sc:
+        b = sc["batch"]["result"]
+        lines += [
+            "",
+            "## ExecBatch (`true` in every session per call)",
+            "",
+            f"- {b['sessions']} sessions per call, {b['in_flight']} calls in flight: **{b['commands_per_second']:,.0f} "
+            f"commands/s**; per call p50 {b.get('p50', 0):.1f} ms, p99 {b.get('p99', 0):.1f} ms; "
+            f"failed commands {b['failed_commands']}",
+        ]
     if "episodes" in sc:
         e = sc["episodes"]["result"]
         p50 = e["episode_seconds"].get("p50", 0) / 1000

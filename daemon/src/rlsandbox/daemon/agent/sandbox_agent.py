@@ -215,6 +215,109 @@ class _Command(object):
             del self.agent.commands[self.rid]
 
 
+class _Spawned(object):
+    """What the agent uses of a ``subprocess.Popen``: pid and the pipes as unbuffered files."""
+
+    def __init__(self, pid, stdin, stdout, stderr):
+        self.pid = pid
+        self.stdin = stdin
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode = None
+
+
+_DEVNULL = []
+_ENVIRON = []
+_SIGDEF = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ", "SIGXFZ") if hasattr(signal, n))
+
+
+def _spawn(argv, env, cwd, with_stdin):
+    """Start a command in a session of its own with pipes for its output (and input).
+
+    ``os.posix_spawn`` (glibc and musl spawn with a vfork-style clone) costs the agent about half
+    of what ``subprocess.Popen`` does per command, which searches PATH and prepares its arguments
+    in Python (measured with /tmp/agentbench-style runs; docs/BENCHMARKS.md). Like Popen: signals
+    the agent ignores (SIGPIPE) are default again in the child, no other descriptor leaks into it
+    (Python opens every one close-on-exec), OSError when the program or ``cwd`` is missing.
+    """
+    if not hasattr(os, "posix_spawn"):
+        return _popen(argv, env, cwd, with_stdin)
+    if not _DEVNULL:
+        _DEVNULL.append(os.open(os.devnull, os.O_RDWR | getattr(os, "O_CLOEXEC", 0)))
+    program = argv[0]
+    search = "/" not in program
+    if search and env is not None and "PATH" in env:  # posix_spawnp would search the agent's PATH
+        program = _which(program, env["PATH"])
+        search = False
+    fds = []
+    try:
+        out_r, out_w = os.pipe()
+        fds += [out_r, out_w]
+        err_r, err_w = os.pipe()
+        fds += [err_r, err_w]
+        in_r = in_w = None
+        if with_stdin:
+            in_r, in_w = os.pipe()
+            fds += [in_r, in_w]
+        actions = [
+            (os.POSIX_SPAWN_DUP2, in_r if with_stdin else _DEVNULL[0], 0),
+            (os.POSIX_SPAWN_DUP2, out_w, 1),
+            (os.POSIX_SPAWN_DUP2, err_w, 2),
+        ]
+        home = os.getcwd() if cwd else None
+        if cwd:
+            os.chdir(cwd)  # the child starts where the agent is; the agent is single-threaded
+        try:
+            spawn = os.posix_spawnp if search else os.posix_spawn
+            if env is None:
+                if not _ENVIRON:  # a plain dict: os.environ decodes every entry on each iteration
+                    _ENVIRON.append(dict(os.environb))
+                env = _ENVIRON[0]
+            pid = spawn(program, argv, env, file_actions=actions, setsid=True, setsigdef=_SIGDEF)
+        except NotImplementedError:  # no POSIX_SPAWN_SETSID in this libc
+            for fd in fds:
+                os.close(fd)
+            return _popen(argv, env, cwd, with_stdin)
+        finally:
+            if home is not None:
+                os.chdir(home)
+    except BaseException:
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        raise
+    os.close(out_w)
+    os.close(err_w)
+    stdin = None
+    if with_stdin:
+        os.close(in_r)
+        stdin = os.fdopen(in_w, "wb", 0)
+    return _Spawned(pid, stdin, os.fdopen(out_r, "rb", 0), os.fdopen(err_r, "rb", 0))
+
+
+def _which(program, path):
+    for folder in path.split(os.pathsep):
+        candidate = os.path.join(folder or ".", program)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise OSError(errno.ENOENT, "No such file or directory", program)
+
+
+def _popen(argv, env, cwd, with_stdin):
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
 class _ProcessCommand(_Command):
     """A command run as its own process group: argv, or ``sh -c`` of a shell string."""
 
@@ -227,16 +330,7 @@ class _ProcessCommand(_Command):
         if req.get("env"):
             env = dict(os.environ)
             env.update(req["env"])
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=req.get("cwd") or None,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-        )
+        self.proc = _spawn(argv, env, req.get("cwd") or None, bool(stdin))
         self.pid = self.proc.pid
         self.exit_status = None
         self.exited_at = None
