@@ -54,7 +54,9 @@ async def test_loadtest_harness_smoke_run(images: dict[str, str], tmp_path: Path
     assert "## CreateSession bursts" in stdout.decode()
     assert "ops" in stderr.decode()  # the live progress line
     report = json.loads((out / "report.json").read_text())
-    assert set(report["scenarios"]) == {"sweep", "episodes", "burst", "soak", "baseline"}
+    assert set(report["scenarios"]) == {"sweep", "batch", "episodes", "burst", "soak", "baseline"}
+    batch = report["scenarios"]["batch"]["result"]
+    assert batch["sessions"] == 4 and batch["commands_per_second"] > 0 and batch["failed_commands"] == 0
     assert report["errors"] == [] and report["leaked_containers"] == 0 and report["daemon_exit_code"] == 0
     assert report["scenarios"]["burst"]["result"]["warm"]["pool_hit_rate"] == 1.0
     assert report["scenarios"]["burst"]["result"]["cold"]["pool_hit_rate"] == 0.0
@@ -62,3 +64,4 @@ async def test_loadtest_harness_smoke_run(images: dict[str, str], tmp_path: Path
     for png in ("latency_over_time.png", "latency_cdf.png", "throughput_vs_concurrency.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert "## Soak (open loop)" in (out / "report.md").read_text()
+    assert "## ExecBatch" in (out / "report.md").read_text()
