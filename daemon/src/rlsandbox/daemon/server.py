@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import resource
@@ -269,6 +270,17 @@ def raise_open_files_limit(max_sessions: int) -> int:
     return soft
 
 
+def tune_gc() -> None:
+    """Freeze what start-up made (modules, grpc, protobuf, pools) out of the collector's way.
+
+    Measured under a 600 commands/s soak over 256 sessions: full collections in the daemon took
+    14-32 ms (each one a pause of every call in flight) with everything tracked, at most 7 ms
+    frozen. Raising the young threshold instead made things worse: grpc's server leaves five
+    objects in reference cycles per call, and 20,000 of them at once took 10-15 ms to collect.
+    """
+    gc.freeze()
+
+
 def sd_notify(message: str) -> None:
     """Tell systemd (Type=notify) about READY/STOPPING/WATCHDOG; a no-op outside systemd."""
     path = os.environ.get("NOTIFY_SOCKET")
@@ -300,6 +312,7 @@ async def run_until_signalled(daemon: NodeDaemon, *, on_ready: Any = None) -> No
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
     await daemon.start()
+    tune_gc()
     sd_notify("READY=1")
     watchdog = _watchdog_interval()
     try:
