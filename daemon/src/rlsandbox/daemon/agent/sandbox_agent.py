@@ -228,6 +228,7 @@ class _Spawned(object):
 
 _DEVNULL = []
 _ENVIRON = []
+_HOME = []
 _SIGDEF = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ", "SIGXFZ") if hasattr(signal, n))
 
 
@@ -264,8 +265,10 @@ def _spawn(argv, env, cwd, with_stdin):
             (os.POSIX_SPAWN_DUP2, out_w, 1),
             (os.POSIX_SPAWN_DUP2, err_w, 2),
         ]
-        home = os.getcwd() if cwd else None
-        if cwd:
+        if not _HOME:
+            _HOME.append(os.getcwd())
+        home = _HOME[0] if cwd and cwd != _HOME[0] else None  # usually the workdir: no chdir at all
+        if home is not None:
             os.chdir(cwd)  # the child starts where the agent is; the agent is single-threaded
         try:
             spawn = os.posix_spawnp if search else os.posix_spawn
@@ -290,6 +293,8 @@ def _spawn(argv, env, cwd, with_stdin):
         raise
     os.close(out_w)
     os.close(err_w)
+    fcntl.fcntl(out_r, fcntl.F_SETFL, os.O_NONBLOCK)  # one call: a new pipe's read end has no other flags
+    fcntl.fcntl(err_r, fcntl.F_SETFL, os.O_NONBLOCK)
     stdin = None
     if with_stdin:
         os.close(in_r)
@@ -335,8 +340,9 @@ class _ProcessCommand(_Command):
         self.exit_status = None
         self.exited_at = None
         self.open_pipes = 2
-        agent.watch(self.proc.stdout.fileno(), self, 1)
-        agent.watch(self.proc.stderr.fileno(), self, 2)
+        spawned = isinstance(self.proc, _Spawned)  # its read ends are non-blocking already
+        agent.watch(self.proc.stdout.fileno(), self, 1, nonblocking=spawned)
+        agent.watch(self.proc.stderr.fileno(), self, 2, nonblocking=spawned)
         if stdin:
             agent.feed_stdin(self.proc.stdin, stdin)
         agent.by_pid[self.pid] = self
@@ -730,8 +736,9 @@ class Agent(object):
             self.sel.unregister(self.outfd)
 
     # -- child plumbing ---------------------------------------------------------------------------
-    def watch(self, fd, owner, which):
-        _set_nonblocking(fd)
+    def watch(self, fd, owner, which, nonblocking=False):
+        if not nonblocking:
+            _set_nonblocking(fd)
         self.readers[fd] = (owner, which)
         self.sel.register(fd, selectors.EVENT_READ, "child")
 
