@@ -581,11 +581,17 @@ class SessionManager:
                 async with asyncio.timeout(self.reap_interval):
                     await self._stop.wait()
             now = time.monotonic()
+            dead = {
+                s: s.sandbox.channel.closed_reason or "its channel closed"
+                for s in self.sessions.values()
+                if s.state is SessionState.READY and s.sandbox is not None and not s.sandbox.alive
+            }
+            # Together: each asks the engine why its sandbox died, which may take a moment.
+            for outcome in await asyncio.gather(*(self._fail(s, why) for s, why in dead.items()), return_exceptions=True):
+                if isinstance(outcome, Exception):
+                    log.warning("ending a session whose sandbox died failed: %s", outcome)
             for session in list(self.sessions.values()):
                 if session.state is not SessionState.READY:
-                    continue
-                if session.sandbox is not None and not session.sandbox.alive:
-                    await self._fail(session, session.sandbox.channel.closed_reason or "its channel closed")
                     continue
                 idle = now - session.last_used
                 if session.in_flight == 0 and idle > session.options.idle_timeout:
