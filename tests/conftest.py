@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import BUSYBOX, PYTHON, TEST_OWNER
+from helpers import BUSYBOX, PYTHON, STATE_DIR, TEST_OWNER
 from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, DockerRuntime
 
 
@@ -29,6 +30,12 @@ def _fail_on_unhandled_loop_exceptions() -> object:
     yield
     loop.set_exception_handler(previous)
     assert not seen, f"unhandled exceptions in the event loop: {seen}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _state_dir() -> object:
+    yield
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

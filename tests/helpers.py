@@ -11,6 +11,7 @@ from rlsandbox.daemon.config import DaemonConfig, PoolConfig
 from rlsandbox.daemon.server import NodeDaemon
 
 TEST_OWNER = f"test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+STATE_DIR = f"/tmp/rlsandbox-tests/{TEST_OWNER}"  # session journals of in-process daemons; removed at the end
 BUSYBOX = "rlsandbox/busybox:latest"
 PYTHON = "rlsandbox/python-task:latest"
 
@@ -21,7 +22,7 @@ def daemon_config(**overrides: object) -> DaemonConfig:
         "listen_tcp": "127.0.0.1:0",
         "shutdown_grace": 5.0,
         "reconcile_interval": 3600,
-        "session_journal": f"/tmp/rlsandbox-tests/{TEST_OWNER}/sessions.sqlite3",
+        "session_journal": f"{STATE_DIR}/sessions.sqlite3",
         "pools": [
             PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=64),
             PoolConfig(
