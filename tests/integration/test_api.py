@@ -18,7 +18,7 @@ from rlsandbox.client import (
     NotFoundError,
     exec_request,
 )
-from rlsandbox.daemon.runtime.docker import LABEL_OWNER
+from rlsandbox.daemon.runtime.docker import EXEC_CONCURRENCY, LABEL_OWNER
 from rlsandbox.daemon.server import NodeDaemon
 from rlsandbox.v1 import sandbox_pb2 as pb
 from rlsandbox.v1 import sandbox_pb2_grpc
@@ -224,3 +224,21 @@ async def test_call_deadline_caps_the_command_timeout(client: AsyncClient, daemo
             assert reply.timed_out and time.monotonic() - started < 1.5
     finally:
         await session.close()
+
+
+async def test_engine_exec_commands_queue_and_their_kills_do_not(client: AsyncClient, daemon: NodeDaemon) -> None:
+    """Images without python3 run each command as an Engine API exec. They queue for a fixed
+    number of slots (2,000 at once had thrashed the node so that 19 finished in 35 s); a command
+    that times out is killed by an exec that skips the queue, so that a queue full of timed-out
+    commands cannot wait forever for their own kills."""
+    slots = EXEC_CONCURRENCY
+    sessions = [await client.create_session("busybox") for _ in range(8)]
+    try:
+        started = time.monotonic()
+        stuck = await asyncio.gather(*(sessions[i % 8].exec("sleep 30", timeout=1) for i in range(slots + 8)))
+        assert all(r.timed_out and r.signal == 9 for r in stuck)
+        assert time.monotonic() - started < 25, "timed-out commands waited for their kills"
+        many = await asyncio.gather(*(sessions[i % 8].exec(["echo", str(i)], timeout=60) for i in range(400)))
+        assert [r.stdout for r in many] == [f"{i}\n".encode() for i in range(400)]
+    finally:
+        await asyncio.gather(*(s.close() for s in sessions))

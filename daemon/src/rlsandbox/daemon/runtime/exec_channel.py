@@ -74,6 +74,7 @@ class ExecChannel:
                 stdin=b"",
                 on_output=lambda s, d: None,
                 timeout=10,
+                queue=False,  # a kill must not wait behind the commands it is there to end
             )
 
         started = time.monotonic()
