@@ -129,6 +129,8 @@ class NodeDaemon:
             "load1": os.getloadavg()[0],
             "docker_reachable": self.docker_ok,
             "execs_total": self.sessions.execs_total,
+            "sessions_adopted": self.sessions.adopted_total,  # re-adopted at this start, after a crash
+            "sessions_lost": self.sessions.lost_total,  # journalled but not re-adoptable
         }
 
     async def start(self) -> None:
