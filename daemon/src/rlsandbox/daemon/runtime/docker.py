@@ -353,67 +353,49 @@ class DockerRuntime:
         first; ``timeout`` counts from when the command starts (the caller's deadline bounds the wait).
         ``queue=False`` skips the queue: a kill must not wait behind the commands it is there to end.
         """
-        if not queue:
-            return await self._exec_stream(container_id, argv, cwd=cwd, env=env, stdin=stdin, on_output=on_output,
-                                           timeout=timeout, on_timeout=on_timeout)  # fmt: skip
-        async with self._exec_slots:
-            return await self._exec_stream(container_id, argv, cwd=cwd, env=env, stdin=stdin, on_output=on_output,
-                                           timeout=timeout, on_timeout=on_timeout)  # fmt: skip
-
-    async def _exec_stream(
-        self,
-        container_id: str,
-        argv: Sequence[str],
-        *,
-        cwd: str | None,
-        env: Mapping[str, str],
-        stdin: bytes,
-        on_output: Callable[[int, bytes], None],
-        timeout: float,
-        on_timeout: Callable[[], Any] | None,
-    ) -> int:
-        container = self.docker.containers.container(container_id)
-        async with self._call("exec create", None, container_id=container_id):
-            execution = await container.exec(
-                cmd=list(argv),
-                stdin=bool(stdin),
-                stdout=True,
-                stderr=True,
-                environment=dict(env) if env else None,
-                workdir=cwd or None,
-            )
-        stream = execution.start(detach=False)
-        async with self._call("exec start", None, container_id=container_id):
-            await stream._init()
-        try:
-            if stdin:
-                await stream.write_in(stdin)
-            resp = stream._resp
-            if resp is not None and resp.connection is not None and resp.connection.transport is not None:
-                resp.connection.transport.write_eof()  # stdin is done; keep reading the output
-            deadline = asyncio.get_running_loop().time() + timeout
-            timed_out = False
-            while True:
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        msg = await stream.read_out()
-                except TimeoutError:
-                    if timed_out:
-                        raise DeadlineExceeded(f"command in {container_id[:12]} ignored its kill") from None
-                    timed_out = True
-                    if on_timeout is not None:
-                        await on_timeout()
-                    deadline = asyncio.get_running_loop().time() + 10.0
-                    continue
-                if msg is None:
-                    break
-                on_output(msg.stream, msg.data)
-        finally:
-            await stream.close()
-        async with self._call("exec inspect", None, container_id=container_id):
-            info = await execution.inspect()
-        code = info.get("ExitCode")
-        return -1 if code is None else int(code)
+        async with self._exec_slots if queue else contextlib.nullcontext():
+            container = self.docker.containers.container(container_id)
+            async with self._call("exec create", None, container_id=container_id):
+                execution = await container.exec(
+                    cmd=list(argv),
+                    stdin=bool(stdin),
+                    stdout=True,
+                    stderr=True,
+                    environment=dict(env) if env else None,
+                    workdir=cwd or None,
+                )
+            stream = execution.start(detach=False)
+            async with self._call("exec start", None, container_id=container_id):
+                await stream._init()
+            try:
+                if stdin:
+                    await stream.write_in(stdin)
+                resp = stream._resp
+                if resp is not None and resp.connection is not None and resp.connection.transport is not None:
+                    resp.connection.transport.write_eof()  # stdin is done; keep reading the output
+                deadline = asyncio.get_running_loop().time() + timeout
+                timed_out = False
+                while True:
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            msg = await stream.read_out()
+                    except TimeoutError:
+                        if timed_out:
+                            raise DeadlineExceeded(f"command in {container_id[:12]} ignored its kill") from None
+                        timed_out = True
+                        if on_timeout is not None:
+                            await on_timeout()
+                        deadline = asyncio.get_running_loop().time() + 10.0
+                        continue
+                    if msg is None:
+                        break
+                    on_output(msg.stream, msg.data)
+            finally:
+                await stream.close()
+            async with self._call("exec inspect", None, container_id=container_id):
+                info = await execution.inspect()
+            code = info.get("ExitCode")
+            return -1 if code is None else int(code)
 
     async def put_files(self, container_id: str, files: Sequence[tuple[str, bytes, int]], timeout: float | None = None) -> None:
         """Write files (absolute path, data, mode) with one tar upload; parents are created."""
