@@ -86,6 +86,9 @@ class _Acks:
         self.done = asyncio.Event()
 
 
+STOP_TIMEOUT = 5.0  # seconds stop() waits for its tasks and for the NATS connection to close
+
+
 class EventPublisher:
     """Publishes the node's events. ``start()``, ``emit()`` any number of times, ``stop()``.
 
@@ -175,13 +178,19 @@ class EventPublisher:
                     await asyncio.sleep(0.05)
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Bounded: a nats-py connect refused by the server (a wrong token) was seen to outlive
+        # its cancellation once in CI, and the daemon's shutdown must not wait on NATS.
+        if self._tasks:
+            _, stuck = await asyncio.wait(self._tasks, timeout=STOP_TIMEOUT)
+            if stuck:
+                log.warning("events: %d publisher tasks did not stop within %.0f s; left behind", len(stuck), STOP_TIMEOUT)
         if self._queue:  # not published in time: keep them for the next start
             await self._to_outbox(list(self._queue))
             self._queue.clear()
         if self._nc is not None:
             with contextlib.suppress(Exception):
-                await self._nc.close()
+                async with asyncio.timeout(STOP_TIMEOUT):
+                    await self._nc.close()
         self.outbox.close()
 
     def stats(self) -> PublisherStats:
@@ -200,12 +209,16 @@ class EventPublisher:
     async def _connect_loop(self) -> None:
         """Connect (retrying forever: nats-py does not retry a failed first connect by itself)."""
         while self._nc is None:
+            # Our own client object, so that a connect cut short (stop() while the server keeps
+            # refusing us: nats-py retries the first connect forever with reconnects unlimited)
+            # can be closed instead of leaving nats-py's reader and pinger tasks behind.
+            nc = NATS()
             try:
-                self._nc = await nats.connect(
+                await nc.connect(
                     self.nats_url,
                     name=f"rlsandbox-daemon {self.node_id}",
                     max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
+                    reconnect_time_wait=0.5,  # type: ignore[arg-type]  # annotated int, used as asyncio.sleep seconds
                     connect_timeout=2,
                     disconnected_cb=self._on_disconnect,
                     reconnected_cb=self._on_reconnect,
@@ -213,8 +226,17 @@ class EventPublisher:
                     pending_size=64 * 1024 * 1024,
                     **self._auth_options,
                 )
+                self._nc = nc
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(2.0):
+                        await nc.close()
+                raise
             except Exception as e:
                 self.last_error = f"cannot connect to NATS at {self.nats_url}: {e}"
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(2.0):
+                        await nc.close()
                 await asyncio.sleep(1.0)
         self._js = self._nc.jetstream(timeout=self.publish_timeout)
         await self._assert_stream()
