@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 import tempfile
@@ -26,15 +25,13 @@ from rlsandbox.daemon.agent import AGENT_PATH
 from rlsandbox.daemon.agent.channel import AgentChannel
 from rlsandbox.daemon.agent.socket_transport import UnixSocketTransport
 from rlsandbox.daemon.model import ExecRequest
-from rlsandbox.loadtest.stats import bench_cli, machine
-
-HZ = os.sysconf("SC_CLK_TCK")
+from rlsandbox.loadtest.stats import bench_cli, machine, process_cpu
 
 
 def _cpu(pid: int) -> tuple[float, float]:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / HZ, (int(fields[13]) + int(fields[14])) / HZ
+    cpu = process_cpu(pid)
+    assert cpu is not None, f"agent {pid} is gone"
+    return cpu
 
 
 async def one_round(agent: Path, commands: int, in_flight: int = 4) -> dict[str, float]:

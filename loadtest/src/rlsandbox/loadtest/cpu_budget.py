@@ -22,20 +22,17 @@ from typing import Any
 from rlsandbox.client import AsyncClient, AsyncSession, exec_request
 from rlsandbox.loadtest.api_bench import CONFIG
 from rlsandbox.loadtest.node import daemon_process, wait_quiet, wait_ready
-from rlsandbox.loadtest.stats import bench_cli, machine
+from rlsandbox.loadtest.stats import bench_cli, machine, process_cpu
 
 HZ = os.sysconf("SC_CLK_TCK")
 COMPONENTS = ("daemon", "client", "agents", "shims", "dockerd", "total")
 
 
 def _proc_cpu(pid: int, *, children: bool) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
+    cpu = process_cpu(pid)
+    if cpu is None:
         return 0.0
-    ticks = int(fields[11]) + int(fields[12]) + ((int(fields[13]) + int(fields[14])) if children else 0)
-    return ticks / HZ
+    return cpu[0] + cpu[1] if children else cpu[0]
 
 
 def _pids(marker: str) -> list[int]:

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 from rlsandbox.client import AsyncClient, AsyncSession, SandboxRPCError, exec_request
 from rlsandbox.daemon.grading.task import Task, load_tasks
 from rlsandbox.loadtest.node import daemon_process, wait_quiet, wait_ready
-from rlsandbox.loadtest.stats import machine, percentile, summary_ms
+from rlsandbox.loadtest.stats import machine, percentile, process_cpu, summary_ms
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[4]
@@ -114,14 +114,13 @@ class Sampler:
     def _proc(self) -> tuple[float, int] | None:
         if self.pid is None:
             return None
+        cpu = process_cpu(self.pid)
         try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
             with open(f"/proc/{self.pid}/status") as f:
                 rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
         except (OSError, StopIteration):
             return None
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), rss
+        return None if cpu is None else (cpu[0], rss)
 
     async def run(self, rec: Recorder) -> None:
         last_cpu: tuple[float, float] | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +35,18 @@ def latency_table(rows: Sequence[tuple[str, dict[str, float]]], digits: int = 2)
         cells = " | ".join(f"{s[k]:.{digits}f}" for k in ("p50", "p90", "p99", "max"))
         lines.append(f"| {name} | {s['n']} | {cells} |")
     return lines
+
+
+def process_cpu(pid: int) -> tuple[float, float] | None:
+    """CPU seconds (user + system) of process ``pid`` and of its reaped children, from /proc;
+    None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / hz, (int(fields[13]) + int(fields[14])) / hz
 
 
 def machine() -> dict[str, object]:
