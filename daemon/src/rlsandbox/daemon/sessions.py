@@ -347,7 +347,9 @@ class SessionManager:
         self.sessions[session.id] = session
         if options.idempotency_key:
             self._by_key[options.idempotency_key] = session.id
-        self._journal_record(session)
+        assert self.journal is not None  # the row is there; only its reserved block moves on
+        session.seq_reserved = session.event_seq + SEQ_BLOCK
+        self.journal.reserve(session.id, session.seq_reserved, session.steps)
         self.adopted_total += 1
         log.info("session %s re-adopted on %s (pool %s)", session.id, sandbox.name, pool.name)
         self._emit(
