@@ -42,7 +42,7 @@ def test_committed_schema_is_current() -> None:
 
 def test_sample_tasks_load_self_contained() -> None:
     tasks = {t.id: t for t in load_tasks(TASKS)}
-    assert set(tasks) == {"py-calc", "node-strings", "py-flaky", "py-broken"}
+    assert set(tasks) == {"py-calc", "node-strings", "py-flaky", "py-broken", "py-textkit"}
     calc = tasks["py-calc"]
     assert calc.spec.workspace.dir is None and calc.spec.evaluation.hidden_tests_dir is None
     assert "tests/test_multiply.py" in calc.spec.evaluation.hidden_tests
@@ -159,12 +159,13 @@ def test_plan_keeps_source_changes_and_discards_test_changes() -> None:
     assert any(d.startswith("conftest.py") for d in changes.discarded)
 
 
-def test_plan_deleting_a_test_folder_keeps_the_tests_and_deletes_the_rest() -> None:
+def test_plan_deleting_a_test_folder_keeps_the_tests_and_their_data_and_deletes_the_rest() -> None:
     base = snap(tests=None, tests__t_DOT_py="t", tests__data_DOT_txt="d", old_DOT_py="o")
     agent = snap()
     changes = plan(base, agent, protected=[], test_files=["tests/t.py"], hidden=[])
-    assert sorted(changes.deletes) == ["old.py", "tests/data.txt"]
+    assert sorted(changes.deletes) == ["old.py"]
     assert any(d.startswith("tests/t.py: deleted") for d in changes.discarded)
+    assert any(d.startswith("tests/data.txt: deleted (in a test folder") for d in changes.discarded)
 
 
 def test_plan_refuses_a_symlink_in_place_of_a_folder_with_tests() -> None:

@@ -128,6 +128,8 @@ class GradeResult:
     mode: str
     task_id: str
     session_id: str
+    # Limits the agent's workspace broke; the reward is then the policy's minimum (status "ok").
+    limits: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -151,6 +153,7 @@ class GradeResult:
             mode=m.mode,
             task_id=m.task_id,
             session_id=m.session_id,
+            limits=list(m.limits),
         )
 
 

@@ -423,7 +423,7 @@ class TestOutcome(_message.Message):
     def __init__(self, id: _Optional[str] = ..., outcome: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
 
 class GradeResult(_message.Message):
-    __slots__ = ("status", "reward", "resolved", "message", "tests", "counts", "exit_code", "timed_out", "report_complete", "tampering", "log", "duration", "mode", "task_id", "session_id")
+    __slots__ = ("status", "reward", "resolved", "message", "tests", "counts", "exit_code", "timed_out", "report_complete", "tampering", "log", "duration", "mode", "task_id", "session_id", "limits")
     class CountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -446,6 +446,7 @@ class GradeResult(_message.Message):
     MODE_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     status: str
     reward: float
     resolved: bool
@@ -461,4 +462,5 @@ class GradeResult(_message.Message):
     mode: str
     task_id: str
     session_id: str
-    def __init__(self, status: _Optional[str] = ..., reward: _Optional[float] = ..., resolved: _Optional[bool] = ..., message: _Optional[str] = ..., tests: _Optional[_Iterable[_Union[TestOutcome, _Mapping]]] = ..., counts: _Optional[_Mapping[str, int]] = ..., exit_code: _Optional[int] = ..., timed_out: _Optional[bool] = ..., report_complete: _Optional[bool] = ..., tampering: _Optional[_Iterable[str]] = ..., log: _Optional[bytes] = ..., duration: _Optional[float] = ..., mode: _Optional[str] = ..., task_id: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+    limits: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, status: _Optional[str] = ..., reward: _Optional[float] = ..., resolved: _Optional[bool] = ..., message: _Optional[str] = ..., tests: _Optional[_Iterable[_Union[TestOutcome, _Mapping]]] = ..., counts: _Optional[_Mapping[str, int]] = ..., exit_code: _Optional[int] = ..., timed_out: _Optional[bool] = ..., report_complete: _Optional[bool] = ..., tampering: _Optional[_Iterable[str]] = ..., log: _Optional[bytes] = ..., duration: _Optional[float] = ..., mode: _Optional[str] = ..., task_id: _Optional[str] = ..., session_id: _Optional[str] = ..., limits: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -129,6 +129,9 @@ class DaemonConfig(BaseModel):
     events_output_cap: int = Field(4096, ge=0, le=MiB)
     events_step_batch: int = Field(256, ge=1, le=10_000)
     heartbeat_interval: float = Field(5.0, ge=0)
+    # Grading (docs/GRADING.md): what tampering detected in a clean room does to the reward when the
+    # task does not say: "strict" (reward 0) or "report" (listed only).
+    grading_tampering_policy: Literal["strict", "report"] = "strict"
     pools: list[PoolConfig] = Field(default_factory=_default_pools)
 
     @model_validator(mode="after")

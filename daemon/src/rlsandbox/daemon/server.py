@@ -59,7 +59,12 @@ class NodeDaemon:
             p.name: WarmPool(p.spec(), self.factory, limiter=self.limiter, max_waiters=config.max_waiters_per_pool)
             for p in config.pools
         }
-        self.grader = Grader(self.runtime, self.pools, acquire_timeout=config.default_acquire_timeout)
+        self.grader = Grader(
+            self.runtime,
+            self.pools,
+            acquire_timeout=config.default_acquire_timeout,
+            tampering_policy=config.grading_tampering_policy,
+        )
         self.events: EventPublisher | None = None
         if config.nats_url:
             self.events = EventPublisher(

@@ -198,6 +198,7 @@ def grade_result(r: GradeResult, *, task_id: str, session_id: str) -> pb.GradeRe
         timed_out=r.timed_out,
         report_complete=r.report_complete,
         tampering=r.tampering,
+        limits=r.limits,
         log=r.log,
         duration=r.duration,
         mode=r.mode,

@@ -23,7 +23,9 @@ import time
 from collections.abc import Mapping
 
 from rlsandbox.daemon.errors import FailedPrecondition, FileTooLarge, SandboxError
-from rlsandbox.daemon.grading.reports import OUTPUT_FORMATS, parse_report
+from rlsandbox.daemon.grading.guard import GUARD_SOURCE, PYTEST_FORMATS, guard_setup, read_guard_log
+from rlsandbox.daemon.grading.patches import PatchError, apply_patch, patch_paths
+from rlsandbox.daemon.grading.reports import OUTPUT_FORMATS, Outcome, TestReport, lookup, parse_report
 from rlsandbox.daemon.grading.rewards import (
     MISSING,
     GradedTest,
@@ -35,8 +37,10 @@ from rlsandbox.daemon.grading.rewards import (
     grade_tests,
     parse_command_reward,
 )
+from rlsandbox.daemon.grading.scan import scan
+from rlsandbox.daemon.grading.shadowing import PROBE, ImportFacts, Shadowing, command_paths, interpreters
 from rlsandbox.daemon.grading.task import Task
-from rlsandbox.daemon.grading.workspace import changes_tar, plan, snapshot_from_archive
+from rlsandbox.daemon.grading.workspace import Changes, Entry, Snapshot, changes_tar, plan, snapshot_from_archive
 from rlsandbox.daemon.model import ExecRequest, ExecResult, MiB
 from rlsandbox.daemon.pool import WarmPool
 from rlsandbox.daemon.runtime.docker import DockerRuntime
@@ -68,12 +72,23 @@ class Grader:
         runtime: the engine, for reading and writing workspaces without trusting the sandbox.
         pools: where clean rooms come from (the session's own pool: same image, same limits).
         acquire_timeout: how long to wait for a clean-room sandbox.
+        tampering_policy: "strict" (tampering detected makes the reward 0) or "report", for tasks
+            that do not say.
     """
 
-    def __init__(self, runtime: DockerRuntime, pools: Mapping[str, WarmPool], *, acquire_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        runtime: DockerRuntime,
+        pools: Mapping[str, WarmPool],
+        *,
+        acquire_timeout: float = 60.0,
+        tampering_policy: str = "strict",
+    ) -> None:
         self.runtime = runtime
         self.pools = pools
         self.acquire_timeout = acquire_timeout
+        self.tampering_policy = tampering_policy
+        self.max_workspace_bytes = MAX_SNAPSHOT_BYTES
         self.graded_total = 0
         self.infra_errors_total = 0
 
@@ -143,13 +158,38 @@ class Grader:
             raise FailedPrecondition(f"pool {agent.pool} is gone")
         ws = task.spec.workspace.path
         ev = task.spec.evaluation
-        agent_archive = await self._archive(agent, ws)
+        try:
+            agent_archive = await self.runtime.get_archive(agent.container_id, ws, self.max_workspace_bytes)
+        except FileTooLarge:
+            return _agents_mess(f"the workspace {ws} is over the grading limit of {self.max_workspace_bytes >> 20} MiB")
         room = await pool.acquire(self.acquire_timeout)
         try:
             await self.prepare(room, task, reset_git=False)
-            base = snapshot_from_archive(await self._archive(room, ws))
-            mine = snapshot_from_archive(agent_archive)
-            changes = plan(base, mine, protected=ev.protected, test_files=ev.test_files, hidden=list(ev.hidden_tests))
+            facts = await self._probe(room, task)
+            try:
+                base_archive = await self.runtime.get_archive(room.container_id, ws, MAX_SNAPSHOT_BYTES)
+            except FileTooLarge:
+                raise TaskSetupFailed(
+                    f"the task's own workspace is over the grading limit of {MAX_SNAPSHOT_BYTES >> 20} MiB"
+                ) from None
+            base = snapshot_from_archive(base_archive)  # the engine's archive of a fresh sandbox: a failure is infra
+            try:
+                mine = snapshot_from_archive(agent_archive)
+            except (tarfile.TarError, OSError, ValueError) as e:
+                return _agents_mess(f"the grader cannot read the agent's workspace ({e}), though it reads the task's")
+            imports, execs = command_paths(ev.test_command, ev.env, ws)
+            shadow = Shadowing(facts.reserved if facts else frozenset(), frozenset(imports), frozenset(execs))
+            patch_targets = patch_paths(ev.test_patch.encode()) if ev.test_patch else []
+            hidden_paths = [*ev.hidden_tests, *patch_targets]
+            changes = plan(base, mine, protected=ev.protected, test_files=ev.test_files, hidden=hidden_paths, shadow=shadow)
+            findings = [f for p, e in changes.writes.items() if e.type == "file" for f in scan(p, _data(base, p), e.data)]
+            if ev.test_patch:
+                try:
+                    self._apply_test_patch(ev.test_patch.encode(), base, changes)
+                except AgentsMess as e:
+                    result = _agents_mess(e.message)
+                    result.tampering = changes.discarded
+                    return result
             if changes.deletes:
                 for i in range(0, len(changes.deletes), 500):
                     chunk = tuple(posixpath.join(ws, p) for p in changes.deletes[i : i + 500])
@@ -157,7 +197,8 @@ class Grader:
             hidden = {p: c.encode() for p, c in ev.hidden_tests.items()}
             if changes.writes or hidden:
                 await self.runtime.put_archive(room.container_id, ws, changes_tar(changes.writes, hidden))
-            result = await self._evaluate(room, task)
+            changed = [posixpath.join(ws, p) for p, e in changes.writes.items() if e.type == "file" and p not in patch_targets]
+            result = await self._evaluate(room, task, facts=facts, changed=changed, detected=findings)
             result.tampering = changes.discarded + result.tampering
             if mine.skipped:
                 result.tampering.append(f"{len(mine.skipped)} device, fifo or socket file(s) not copied")
@@ -165,20 +206,84 @@ class Grader:
         finally:
             await pool.release(room, "clean room done")
 
+    def _apply_test_patch(self, patch: bytes, base: Snapshot, changes: Changes) -> None:
+        """Apply the task's test patch, with the grader's own code, over the planned changes.
+
+        Raises:
+            TaskSetupFailed: it does not apply to the task's base workspace (the task is broken).
+            AgentsMess: it applies to the base but not over the agent's changes.
+        """
+        try:
+            paths = patch_paths(patch)
+            apply_patch(patch, {p: _data(base, p) for p in paths})
+        except PatchError as e:
+            raise TaskSetupFailed(f"the test patch does not apply to the task's base workspace: {e}") from None
+        current: dict[str, bytes | None] = {}
+        for p in paths:
+            entry = changes.writes.get(p)
+            current[p] = entry.data if entry is not None and entry.type == "file" else _data(base, p)
+            if p in changes.deletes and entry is None:
+                current[p] = None
+        try:
+            patched = apply_patch(patch, current)
+        except PatchError as e:
+            raise AgentsMess(f"the test patch no longer applies over the agent's changes: {e}") from None
+        for p, (data, mode) in patched.items():
+            if data is None:
+                changes.writes.pop(p, None)
+                if p not in changes.deletes and p in base.entries:
+                    changes.deletes.append(p)
+                continue
+            old = changes.writes.get(p) or base.entries.get(p)
+            changes.writes[p] = Entry("file", mode if mode is not None else (old.mode if old else 0o644), data)
+
+    async def _probe(self, room: Sandbox, task: Task) -> ImportFacts | None:
+        """What the clean room's interpreters resolve outside the workspace, before any agent file is there."""
+        ev = task.spec.evaluation
+        facts: ImportFacts | None = None
+        for python in interpreters(ev.test_command):
+            run = await room.exec(
+                ExecRequest(
+                    argv=(python, "-c", PROBE, task.spec.workspace.path),
+                    cwd="/",
+                    env={**ev.env, **GRADE_ENV},
+                    timeout=STEP_TIMEOUT,
+                )
+            )
+            if not run.ok:
+                continue  # no such interpreter here: nothing of it to shadow
+            try:
+                found = ImportFacts.parse(run.stdout)
+            except (ValueError, KeyError, IndexError):
+                continue
+            facts = found if facts is None else ImportFacts(facts.reserved | found.reserved, facts.pytest_dir or found.pytest_dir)
+        return facts
+
     async def _in_place(self, agent: Sandbox, task: Task) -> GradeResult:
         ev = task.spec.evaluation
+        ws = task.spec.workspace.path
+        files: dict[str, bytes] = {p: c.encode() for p, c in ev.hidden_tests.items()}
         if ev.hidden_tests:
-            hidden = {p: c.encode() for p, c in ev.hidden_tests.items()}
-            targets = tuple(posixpath.join(task.spec.workspace.path, p) for p in hidden)
+            targets = tuple(posixpath.join(ws, p) for p in files)
             await self._infra(
                 agent, ExecRequest(argv=("rm", "-rf", "--", *targets), timeout=STEP_TIMEOUT), "clear hidden test paths"
             )
-            await self.runtime.put_archive(agent.container_id, task.spec.workspace.path, changes_tar({}, hidden))
-        return await self._evaluate(agent, task)
+        if ev.test_patch:
+            mine = snapshot_from_archive(await self._archive(agent, ws))
+            try:
+                patched = apply_patch(ev.test_patch.encode(), {p: _data(mine, p) for p in patch_paths(ev.test_patch.encode())})
+            except PatchError as e:
+                return GradeResult(GradeStatus.INVALID_TASK, None, f"the test patch does not apply: {e}")
+            files.update({p: d for p, (d, _) in patched.items() if d is not None})
+        if files:
+            await self.runtime.put_archive(agent.container_id, ws, changes_tar({}, files))
+        # The naive baseline on purpose: no guard, no shadowing rules (the agent owns this sandbox's
+        # interpreter and site-packages anyway). Tests use it to prove that each attack works.
+        return await self._evaluate(agent, task, facts=None, changed=[], detected=[])
 
     async def _archive(self, sandbox: Sandbox, path: str) -> bytes:
         try:
-            return await self.runtime.get_archive(sandbox.container_id, path, MAX_SNAPSHOT_BYTES)
+            return await self.runtime.get_archive(sandbox.container_id, path, self.max_workspace_bytes)
         except FileTooLarge as e:
             raise FailedPrecondition(f"the workspace {path} is too large to grade: {e.message}") from None
 
@@ -191,37 +296,50 @@ class Grader:
             )
         return result
 
-    async def _evaluate(self, room: Sandbox, task: Task) -> GradeResult:
-        """Apply the test patch, run the tests, read and parse the report, compute the reward."""
+    async def _evaluate(
+        self, room: Sandbox, task: Task, *, facts: ImportFacts | None, changed: list[str], detected: list[str]
+    ) -> GradeResult:
+        """Run the tests (under the pytest guard where pytest runs), read and check what they
+        report, compute the reward. ``detected``: tampering found before the run."""
         ws = task.spec.workspace.path
         ev = task.spec.evaluation
-        if ev.test_patch:
-            applied = await room.exec(
-                ExecRequest(
-                    argv=("git", "apply", "--whitespace=nowarn", "-"), cwd=ws, stdin=ev.test_patch.encode(), timeout=STEP_TIMEOUT
-                )
-            )
-            if not applied.ok:
-                detail = (applied.stderr or applied.stdout)[-1000:].decode("utf-8", errors="replace").strip()
-                return GradeResult(GradeStatus.INVALID_TASK, None, f"the test patch does not apply: {detail}")
         # The report goes where the agent never had a sandbox and never saw the name.
         report_dir = f"/.rlsandbox-grade-{secrets.token_hex(8)}"
         report_path = f"{report_dir}/report"
-        await self._infra(room, ExecRequest(argv=("mkdir", "-p", report_dir), timeout=STEP_TIMEOUT), "create the report folder")
+        await self._infra(
+            room, ExecRequest(argv=("mkdir", "-m", "700", "-p", report_dir), timeout=STEP_TIMEOUT), "create the report folder"
+        )
         command = ev.test_command.replace("{report}", shlex.quote(report_path))
         env = {**ev.env, **GRADE_ENV}
+        guard = None
+        if facts is not None and facts.pytest_dir and ev.report_format in PYTEST_FORMATS:
+            guard = guard_setup(report_dir)
+            env.update(guard.env(ev.env))
+            files = {
+                posixpath.join(facts.pytest_dir, guard.module + ".py").lstrip("/"): GUARD_SOURCE,
+                guard.config_path.lstrip("/"): guard.config(ws, changed),
+            }
+            await self.runtime.put_archive(room.container_id, "/", changes_tar({}, files))
         run = await room.exec(
             ExecRequest(shell=command, cwd=ws, env=env, timeout=ev.timeout, stdout_cap=OUTPUT_CAP, stderr_cap=OUTPUT_CAP)
         )
         if ev.report_format in OUTPUT_FORMATS:
             data = run.stdout + b"\n" + run.stderr
         else:
-            try:
-                data, _ = await self.runtime.get_file(room.container_id, report_path, MAX_REPORT_BYTES)
-            except (SandboxError, IsADirectoryError):
-                data = b""
+            data = await self._read(room, report_path)
         exit_code = run.exit_code if not run.timed_out else None
         report = parse_report(ev.report_format, data, exit_code=exit_code, root=ws)
+        problems = list(report.problems)
+        detected = list(detected)
+        if guard is not None:
+            checked = read_guard_log(await self._read(room, guard.log_path), guard.key)
+            if checked.started:
+                detected += checked.tampering + _disagreements(report, checked.report())
+                report = checked.report()
+                if not checked.ended:
+                    problems.append("the test process ended before pytest finished (tests it did not report count as failed)")
+            else:
+                problems.append("the pytest guard did not load: the test command does not run this image's pytest")
         tests = grade_tests(ev, report)
         result = GradeResult(
             GradeStatus.TIMEOUT if run.timed_out else GradeStatus.OK,
@@ -232,7 +350,6 @@ class Grader:
             report_complete=report.complete,
             log=cap_log(run.stdout, run.stderr),
         )
-        problems = list(report.problems)
         if (
             ev.report_format in EXIT_CHECKED_FORMATS
             and run.exit_code not in (0, None)
@@ -240,7 +357,7 @@ class Grader:
             and not report.any_failed
             and report.complete
         ):
-            result.tampering.append(
+            detected.append(
                 f"the report shows no failure but the test command exited with {run.exit_code}: "
                 "report not trusted, every listed test counts as failed"
             )
@@ -248,7 +365,9 @@ class Grader:
             result.tests = tests
         if ev.reward.policy == "command":
             assert ev.reward.command is not None
-            scored = await room.exec(ExecRequest(shell=ev.reward.command, cwd=ws, env=env, timeout=STEP_TIMEOUT))
+            scored = await room.exec(
+                ExecRequest(shell=ev.reward.command, cwd=ws, env={**ev.env, **GRADE_ENV}, timeout=STEP_TIMEOUT)
+            )
             try:
                 result.reward = parse_command_reward(scored.stdout) if scored.ok else None
             except ValueError as e:
@@ -259,5 +378,47 @@ class Grader:
                 problems.append(f"the reward command failed (exit {scored.exit_code}, timed out: {scored.timed_out})")
         else:
             result.reward = compute_reward(ev.reward, tests)
+        result.tampering = detected
+        if detected and (ev.tampering_policy or self.tampering_policy) == "strict" and result.reward is not None:
+            result.reward = 0.0
+            problems.insert(0, f"tampering detected ({len(detected)} finding(s)): reward 0 under the strict policy")
         result.message = "; ".join(problems)
         return result
+
+    async def _read(self, room: Sandbox, path: str) -> bytes:
+        try:
+            data, _ = await self.runtime.get_file(room.container_id, path, MAX_REPORT_BYTES)
+            return data
+        except (SandboxError, IsADirectoryError):
+            return b""
+
+
+class AgentsMess(Exception):
+    """The agent's workspace broke a limit of grading: reward the policy's minimum, never no reward."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _agents_mess(why: str) -> GradeResult:
+    return GradeResult(GradeStatus.OK, 0.0, f"reward 0: {why}", limits=[why])
+
+
+def _data(snapshot: Snapshot, path: str) -> bytes | None:
+    entry = snapshot.entries.get(path)
+    return entry.data if entry is not None and entry.type == "file" else None
+
+
+def _disagreements(output: TestReport, guard: TestReport) -> list[str]:
+    """Tests the output (or report file) calls passed that the runner, as the guard saw it, did not pass."""
+    found = lookup(guard, list(output.tests))
+    out = []
+    for test_id, case in output.tests.items():
+        if case.outcome is Outcome.PASSED:
+            seen = found.get(test_id)
+            if seen is None or seen.outcome is not Outcome.PASSED:
+                out.append(f"the report says {test_id} passed; the runner says {seen.outcome if seen else 'it never ran'}")
+        if len(out) >= 20:
+            break
+    return out

@@ -54,6 +54,7 @@ class GradeResult:
     timed_out: bool = False
     report_complete: bool = False
     tampering: list[str] = field(default_factory=list)
+    limits: list[str] = field(default_factory=list)
     log: bytes = b""
     duration: float = 0.0
     mode: str = "clean_room"

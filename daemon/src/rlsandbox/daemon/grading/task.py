@@ -52,6 +52,11 @@ DEFAULT_PROTECTED = (
     "**/node_modules/**",
     "**/go.mod",
     "**/go.sum",
+    # Native code runs below every check the grader makes in the test process.
+    "**/*.so",
+    "**/*.so.*",
+    "**/*.pyd",
+    "**/*.dylib",
 )
 
 
@@ -122,6 +127,12 @@ class EvaluationSpec(_Model):
         description="Globs of files whose changes by the agent are discarded (and reported as tampering).",
     )
     reward: RewardSpec = Field(default_factory=lambda: RewardSpec())
+    tampering_policy: Literal["strict", "report"] | None = Field(
+        None,
+        description="strict: tampering detected while grading (the runner patched in-process, a forged report, code "
+        "that reaches into the runner) makes the reward the policy's minimum; report: it is only listed. "
+        "Default: the node's grading_tampering_policy (strict).",
+    )
 
     @field_validator("report_format")
     @classmethod

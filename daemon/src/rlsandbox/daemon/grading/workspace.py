@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import io
 import posixpath
+import re
 import tarfile
 from dataclasses import dataclass, field
 
+from rlsandbox.daemon.grading.shadowing import Shadowing
 from rlsandbox.daemon.grading.task import matches
 
-IGNORED_TOP = (".git",)  # the agent's commits are not part of its solution; history is reset at start
+# The agent's commits are not part of its solution (history is reset at start), and a repository
+# anywhere in the tree is configuration that tools would obey: no .git folder is ever copied.
+IGNORED_PARTS = frozenset({".git"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +60,7 @@ def snapshot_from_archive(data: bytes) -> Snapshot:
                 continue
             rel = name[len(prefix) + 1 :] if name.startswith(prefix + "/") else name
             rel = posixpath.normpath(rel)
-            if rel.split("/")[0] in IGNORED_TOP or rel.startswith("../") or rel == "..":
+            if any(part in IGNORED_PARTS for part in rel.split("/")) or rel.startswith("../") or rel == "..":
                 continue
             if m.isdir():
                 entries[rel] = Entry("dir", m.mode)
@@ -88,14 +92,57 @@ def _ancestor_of_any(path: str, paths: set[str]) -> bool:
     return any(p.startswith(prefix) for p in paths)
 
 
-def plan(base: Snapshot, agent: Snapshot, *, protected: list[str], test_files: list[str], hidden: list[str]) -> Changes:
+_TEST_DIR = re.compile(r"(^|[_.-])tests?($|[_.-])|^testing$|^spec$|^__tests__$")
+
+
+def folders_holding_tests(base: Snapshot, test_files: list[str]) -> list[str]:
+    """The folders that hold the task's test files, as glob patterns of their whole contents.
+
+    A test file's folder belongs to the tests (its ``__init__.py``, conftest files, helpers and
+    data) when it is named like a test folder, or when every Python file in it is a test file, an
+    ``__init__.py`` or a conftest. A folder that also holds code under test stays the agent's; so
+    does the workspace root.
+    """
+    folders: set[str] = set()
+    py_by_folder: dict[str, list[str]] = {}
+    for p, e in base.entries.items():
+        if e.type == "file" and p.endswith(".py"):
+            py_by_folder.setdefault(posixpath.dirname(p), []).append(p)
+    for p, e in base.entries.items():
+        if e.type != "file" or not matches(p, test_files):
+            continue
+        folder = posixpath.dirname(p)
+        if not folder:
+            continue
+        named = bool(_TEST_DIR.search(posixpath.basename(folder)))
+        only_tests = all(
+            matches(q, test_files) or posixpath.basename(q) in ("__init__.py", "conftest.py")
+            for q in py_by_folder.get(folder, [])
+        )
+        if named or only_tests:
+            folders.add(folder)
+    return sorted(f"{f}/**" for f in folders if not any(f.startswith(g + "/") for g in folders))
+
+
+def plan(
+    base: Snapshot,
+    agent: Snapshot,
+    *,
+    protected: list[str],
+    test_files: list[str],
+    hidden: list[str],
+    shadow: Shadowing | None = None,
+) -> Changes:
     """The agent's changes to ``base`` that the clean room applies.
 
-    Dropped, and listed in ``discarded``: changes to protected files and to the original test files;
-    anything written at a hidden test's path; and replacing a folder that holds protected files or
-    hidden tests (by deleting it, or by a file or symlink in its place), which would remove them.
+    Dropped, and listed in ``discarded``: changes to protected files, to the original test files
+    and to anything in the folders that hold them (``folders_holding_tests``); anything written at a hidden
+    test's path; replacing a folder that holds protected files or hidden tests (by deleting it, or
+    by a file or symlink in its place), which would remove them; and, with ``shadow``, files that
+    would run instead of the runner, its dependencies or a standard module.
     """
-    guarded_patterns = [*protected, *test_files]
+    test_globs = [*test_files, *folders_holding_tests(base, test_files)]
+    guarded_patterns = [*protected, *test_globs]
     keep = {p for p in base.entries if matches(p, guarded_patterns)} | set(hidden)
     changes = Changes()
 
@@ -104,6 +151,8 @@ def plan(base: Snapshot, agent: Snapshot, *, protected: list[str], test_files: l
             return "hidden test path"
         if matches(path, test_files):
             return "test file"
+        if matches(path, test_globs):
+            return "in a test folder"
         if matches(path, protected):
             return "protected file"
         return None
@@ -120,6 +169,8 @@ def plan(base: Snapshot, agent: Snapshot, *, protected: list[str], test_files: l
         parent = posixpath.dirname(path)
         if why is None and parent and agent.entries.get(parent, Entry("dir", 0)).type != "dir":
             why = "inside something that is not a folder"
+        if why is None and shadow is not None:
+            why = shadow.why(path, entry.type == "dir", agent.entries, base.entries)
         if why is not None:
             changes.discarded.append(f"{path}: {'added' if old is None else 'changed'} ({why}; discarded)")
             continue

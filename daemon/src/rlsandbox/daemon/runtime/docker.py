@@ -434,6 +434,7 @@ class DockerRuntime:
             async for chunk in resp.content.iter_chunked(1 << 16):
                 size += len(chunk)
                 if size > max_bytes:
+                    resp.close()  # aiodocker leaves the response to us: unread, its connection must go
                     raise FileTooLarge(f"{path} in the sandbox is over {max_bytes} bytes as a tarball", container_id=container_id)
                 chunks.append(chunk)
         return b"".join(chunks)

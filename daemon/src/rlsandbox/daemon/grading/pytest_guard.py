@@ -1,0 +1,329 @@
+# The grader's pytest guard: copied into a clean room under a random module name and loaded with
+# `-p` (PYTEST_ADDOPTS), so it is imported during pytest's pre-parse, before any conftest, plugin
+# entry point or workspace module. Runs on python3 >= 3.8 with the stdlib only. Never imported by
+# the daemon (it reads this file as text).
+#
+# What it does (docs/GRADING.md, "Results the code under test cannot rewrite"):
+# - reads its configuration (an HMAC key, the workspace, the files the agent changed) from a file
+#   that it deletes at once, so the key exists only in this process's memory from then on;
+# - installs an audit hook (which nothing can remove) that keeps every piece of state in its
+#   closure: code under test finds no reference to it in any module;
+# - records each test outcome twice: the raw outcome from pytest's CallInfo, taken innermost
+#   around pytest's own makereport, and the final report that reaches logreport; a failure that
+#   becomes a pass in between is tampering;
+# - snapshots the runner's machinery (pytest, pluggy, unittest, builtins) before any workspace code
+#   runs and checks, at every test and at the end, that none of it was replaced;
+# - refuses and records what code the agent wrote uses to reach into the runner: swapping a
+#   protected function's __code__, frame, gc and ctypes introspection, trace hooks, reading its own
+#   memory through /proc, compiling code under another file's name;
+# - writes every record as one HMAC-signed line to a file opened before any workspace code ran.
+# The grader verifies the signatures and the sequence; it trusts no other channel of this process.
+import os
+import sys
+
+_CFG_ENV = "RLSANDBOX_GUARD_CFG"
+_NAME = __name__
+
+
+def _load_config():
+    path = os.environ.pop(_CFG_ENV, None)
+    if not path:
+        return None
+    try:
+        os.unsetenv(_CFG_ENV)
+    except Exception:
+        pass
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        os.unlink(path)
+    except OSError:
+        return None  # a second process (xdist worker, nested pytest): only the first one records
+    import json
+
+    return json.loads(raw.decode("utf-8"))
+
+
+_RUNNER_MODULES = (
+    "_pytest.runner",
+    "_pytest.reports",
+    "_pytest.python",
+    "_pytest.main",
+    "_pytest.terminal",
+    "_pytest.skipping",
+    "_pytest.outcomes",
+    "_pytest.junitxml",
+    "_pytest.nodes",
+    "_pytest.fixtures",
+    "_pytest.unittest",
+    "_pytest.python_api",
+    "_pytest.assertion.rewrite",
+    "_pytest.assertion.util",
+    "_pytest.config",
+    "_pytest.capture",
+    "_pytest.logging",
+    "pytest",
+    "pluggy",
+    "pluggy._callers",
+    "pluggy._hooks",
+    "pluggy._manager",
+    "pluggy._result",
+    "unittest",
+    "unittest.case",
+    "unittest.result",
+    "builtins",
+)
+
+# Events that code the agent wrote has no business raising during a test run: each is a way to
+# reach objects of the runner (or of this guard) that no import gives.
+_INTROSPECTION = frozenset(
+    (
+        "sys._getframe",
+        "sys._current_frames",
+        "sys.settrace",
+        "sys.setprofile",
+        "gc.get_objects",
+        "gc.get_referrers",
+        "gc.get_referents",
+        "ctypes.cdata",
+        "ctypes.addressof",
+        "ctypes.PyObj_FromPtr",
+        "ctypes.string_at",
+        "ctypes.wstring_at",
+        "ctypes.dlsym",
+        "ctypes.cdata/buffer",
+        "code.__new__",
+    )
+)
+_FRAME_ATTRS = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"))
+# Frames of these stdlib helpers hand out frames on behalf of their caller: look past them.
+_HELPERS = ("/inspect.py", "/traceback.py", "/ctypes/__init__.py", "/threading.py")
+
+
+def _snapshot():
+    modules = {}
+    classes = []
+    functions = set()
+    for name in _RUNNER_MODULES:
+        mod = sys.modules.get(name)
+        if mod is None:
+            continue
+        members = {}
+        for key, value in list(vars(mod).items()):
+            if isinstance(value, type) or callable(value):
+                members[key] = value
+                if isinstance(value, type) and getattr(value, "__module__", "") == name:
+                    classes.append((value, dict(vars(value))))
+                    for member in vars(value).values():
+                        fn = getattr(member, "__func__", member)
+                        if hasattr(fn, "__code__"):
+                            functions.add(id(fn))
+                elif hasattr(value, "__code__"):
+                    functions.add(id(value))
+        modules[name] = (mod, members)
+    return modules, classes, functions
+
+
+def _install(cfg):
+    key = bytes.fromhex(cfg["key"])
+    workspace = cfg["workspace"].rstrip("/") + "/"
+    changed = frozenset(cfg.get("changed", ()))
+    try:
+        from _hashlib import hmac_digest as _digest  # C: nothing patchable runs while signing
+    except ImportError:  # pragma: no cover - every CPython since 3.7 has it
+        import hmac
+
+        _digest = hmac.digest
+    _write = os.write
+    _stat = os.stat
+    _getcwd = os.getcwd
+    _getpid = os.getpid
+    _getframe = sys._getframe
+    _repr = repr
+    _str = str
+    _isinstance = isinstance
+    _type = type
+    _id = id
+    fd = os.open(cfg["out"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    modules, classes, functions = _snapshot()
+    runner = sys.modules.get("_pytest.runner")
+    runner_root = os.path.dirname(os.path.dirname(os.path.realpath(runner.__file__))) + "/" if runner else "/nonexistent/"
+    reports = sys.modules.get("_pytest.reports")
+    call_info_type = getattr(runner, "CallInfo", None)
+    report_type = getattr(reports, "TestReport", None)
+    skipped_type = getattr(sys.modules.get("_pytest.outcomes"), "Skipped", None)
+    try:
+        proc = _stat("/proc/self/mem")
+        proc_mem = (proc.st_dev, proc.st_ino)
+    except OSError:
+        proc_mem = None
+    state = {"seq": 0, "busy": False, "said": set(), "pid": _getpid()}
+
+    def emit(kind, *fields):
+        if _getpid() != state["pid"]:
+            return  # a forked child (multiprocessing in a test) is not the runner
+        body = _repr((state["seq"], kind) + fields).encode("utf-8", "backslashreplace")
+        state["seq"] += 1
+        _write(fd, body + b"\t" + _digest(key, body, "sha256").hex().encode() + b"\n")
+
+    def tamper(message):
+        if message not in state["said"]:
+            state["said"].add(message)
+            emit("tamper", message)
+
+    def runner_owned(value):
+        # pytest patches itself (legacypath at configure): a replacement whose code lives where
+        # the runner is installed, which no agent file reaches, is the runner's own.
+        fn = getattr(value, "__func__", value)
+        code = getattr(fn, "__code__", None)
+        return code is not None and _type(code.co_filename) is _str and code.co_filename.startswith(runner_root)
+
+    def verify():
+        for name, (mod, members) in modules.items():
+            current = vars(mod)
+            for key_, value in list(members.items()):
+                now = current.get(key_)
+                if now is not value:
+                    if runner_owned(now):
+                        members[key_] = now
+                    else:
+                        tamper("%s.%s was replaced during the test run" % (name, key_))
+            if sys.modules.get(name) is not mod:
+                tamper("sys.modules[%r] was replaced during the test run" % name)
+        for cls, members in classes:
+            current = vars(cls)
+            for key_, value in list(members.items()):
+                now = current.get(key_)
+                if now is not value:
+                    if runner_owned(now):
+                        members[key_] = now
+                    else:
+                        tamper("%s.%s.%s was replaced during the test run" % (cls.__module__, cls.__qualname__, key_))
+            for key_ in list(current):
+                if key_ not in members and callable(current[key_]):
+                    if runner_owned(current[key_]):
+                        members[key_] = current[key_]
+                    else:
+                        tamper("%s.%s.%s was added during the test run" % (cls.__module__, cls.__qualname__, key_))
+
+    def culprit():
+        """The file of the nearest frame that raised the event, past the stdlib's frame helpers."""
+        frame = _getframe(2)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if not filename.endswith(_HELPERS):
+                return filename
+            frame = frame.f_back
+        return ""
+
+    def agent_code(filename):
+        return filename in changed or (filename.startswith(workspace) and not filename.endswith("conftest.py") and not changed)
+
+    def on_report(report):
+        if _type(report) is not report_type:
+            tamper("a report of type %r reached the runner" % _type(report).__name__)
+            return
+        nodeid, when, outcome = report.nodeid, report.when, report.outcome
+        if _type(nodeid) is not _str or _type(when) is not _str or _type(outcome) is not _str:
+            tamper("a report with forged fields reached the runner")
+            return
+        emit("report", nodeid, when, outcome, bool(getattr(report, "wasxfail", None) is not None))
+        verify()
+
+    def on_raw(item, call):
+        if _type(call) is not call_info_type:
+            tamper("a CallInfo of type %r reached makereport" % _type(call).__name__)
+            return
+        excinfo = call.excinfo
+        if excinfo is None:
+            raw = "passed"
+        elif skipped_type is not None and _isinstance(excinfo.value, skipped_type):
+            raw = "skipped"
+        else:
+            raw = "failed"
+        nodeid = item.nodeid
+        if _type(nodeid) is _str:
+            emit("raw", nodeid, call.when, raw)
+
+    def on_event(event, args):
+        if state["busy"]:
+            return
+        state["busy"] = True
+        try:
+            if event == _NAME + ".report":
+                on_report(args[0])
+            elif event == _NAME + ".raw":
+                on_raw(args[0], args[1])
+            elif event == _NAME + ".end":
+                verify()
+                emit("end", _repr(args[0]))
+            elif event == "object.__getattr__":
+                if args[1] in _FRAME_ATTRS:
+                    where = culprit()
+                    if agent_code(where):
+                        tamper("%s reached into frames (%s)" % (where, args[1]))
+                        raise RuntimeError("rlsandbox grading: frame introspection is not allowed in code under test")
+            elif event in _INTROSPECTION:
+                where = culprit()
+                if agent_code(where):
+                    tamper("%s used %s" % (where, event))
+                    raise RuntimeError("rlsandbox grading: %s is not allowed in code under test" % event)
+            elif event == "object.__setattr__":
+                if args[1] in ("__code__", "__defaults__", "__kwdefaults__") and _id(args[0]) in functions:
+                    tamper("%s of the runner's %r was replaced" % (args[1], getattr(args[0], "__qualname__", "?")))
+                    raise RuntimeError("rlsandbox grading: the test runner's functions cannot be changed")
+            elif event == "open" and proc_mem is not None:
+                path = args[0]
+                if _isinstance(path, bytes):
+                    path = path.decode("utf-8", "surrogateescape")
+                if _isinstance(path, _str):
+                    if not path.startswith("/"):
+                        path = _getcwd() + "/" + path
+                    try:
+                        st = _stat(path)
+                    except OSError:
+                        return
+                    if st.st_dev == proc_mem[0] and (st.st_ino == proc_mem[1] or path.endswith("/mem")):
+                        tamper("%s opened the test process's memory (%s)" % (culprit(), path))
+                        raise PermissionError("rlsandbox grading: process memory is not readable in tests")
+            elif event == "compile":
+                filename = args[1]
+                if _isinstance(filename, bytes):
+                    filename = filename.decode("utf-8", "surrogateescape")
+                if (
+                    _isinstance(filename, _str)
+                    and filename[:1] not in ("<", "")
+                    and filename not in changed
+                    and agent_code(culprit())
+                ):
+                    tamper("%s compiled code under the name of %s" % (culprit(), filename))
+        finally:
+            state["busy"] = False
+
+    emit("start", _getpid(), "%d.%d" % sys.version_info[:2])
+    sys.addaudithook(on_event)
+
+
+_cfg = _load_config()
+if _cfg is not None:
+    _install(_cfg)
+    del _cfg
+    import pytest as _pytest_api
+
+    @_pytest_api.hookimpl(hookwrapper=True, trylast=True)
+    def pytest_runtest_makereport(item, call):
+        # Innermost wrapper: sees the outcome of pytest's own makereport before any other wrapper.
+        sys.audit(_NAME + ".raw", item, call)
+        yield
+
+    @_pytest_api.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(report):
+        sys.audit(_NAME + ".report", report)
+
+    @_pytest_api.hookimpl(trylast=True)
+    def pytest_unconfigure(config):
+        sys.audit(_NAME + ".end", getattr(config, "_rlsandbox_exitstatus", None))
+
+    @_pytest_api.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(session, exitstatus):
+        session.config._rlsandbox_exitstatus = int(exitstatus)

@@ -1,0 +1,168 @@
+"""What the agent may not put on the test command's import path or PATH: pure rules over snapshots.
+
+Runners are resolved like any module: ``python3 -m pytest`` puts the working folder first on
+``sys.path``, ``PYTHONPATH=src`` puts ``src`` there, and pytest inserts the first folder above
+each test file that is not a package. A workspace file named like the runner, one of its
+dependencies or a standard module, in any such folder, runs instead of the real one. So the
+grader asks the clean room's interpreter which top-level names it resolves outside the workspace
+(``PROBE``, run before any agent file is there), and the plan discards every new or changed file
+that would shadow one of them from a folder that can be an import root:
+
+- the workspace itself and every folder of it that is not a package (no ``__init__.py``);
+- every folder the test command or the task's environment names in ``PYTHONPATH`` or ``cd``.
+
+Names the base workspace already provides at that root are the project's own, and stay allowed.
+Files in a workspace folder that the test command's ``PATH`` names are discarded too (a ``go``,
+``node`` or ``pytest`` wrapper).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# Run by the clean room's interpreter with cwd=/ and the task's environment; prints one JSON line.
+PROBE = r"""
+import json, os, pkgutil, sys
+ws = os.path.realpath(sys.argv[1])
+names = set(sys.builtin_module_names) | set(getattr(sys, "stdlib_module_names", ()))
+for entry in sys.path:
+    if not entry or not os.path.isabs(entry):
+        continue
+    real = os.path.realpath(entry)
+    if real == ws or real.startswith(ws + "/"):
+        continue
+    try:
+        names.update(m.name for m in pkgutil.iter_modules([entry]))
+    except Exception:
+        pass
+pytest_dir = ""
+try:
+    import _pytest
+    pytest_dir = os.path.dirname(os.path.dirname(os.path.realpath(_pytest.__file__)))
+except Exception:
+    pass
+print(json.dumps({"names": sorted(names), "pytest_dir": pytest_dir}))
+"""
+
+_IMPORT_SUFFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\.py|\.pyc|\.pyw|\.so|\.pyd|\.[A-Za-z0-9_-]+\.so|\.abi3\.so)$")
+_INTERPRETER = re.compile(r"^python[0-9.]*$")
+_ASSIGN = re.compile(r"(?:^|[\s;&|(])(PYTHONPATH|PATH)=(\"[^\"]*\"|'[^']*'|[^\s;&|)]*)")
+_CD = re.compile(r"(?:^|[\s;&|(])cd\s+(\"[^\"]*\"|'[^']*'|[^\s;&|)]+)")
+
+
+@dataclass(frozen=True, slots=True)
+class ImportFacts:
+    """What the clean room's interpreter resolves without the workspace."""
+
+    reserved: frozenset[str]
+    pytest_dir: str = ""
+
+    @classmethod
+    def parse(cls, stdout: bytes) -> ImportFacts:
+        doc = json.loads(stdout.decode("utf-8").strip().splitlines()[-1])
+        return cls(frozenset(str(n) for n in doc["names"]), str(doc.get("pytest_dir") or ""))
+
+
+def interpreters(test_command: str) -> list[str]:
+    """The Python interpreters the test command names outside the workspace (python3 by default)."""
+    try:
+        words = shlex.split(test_command)
+    except ValueError:
+        words = test_command.split()
+    found = [w for w in words if _INTERPRETER.match(posixpath.basename(w)) and (w.startswith("/") or "/" not in w)]
+    return list(dict.fromkeys(found or ["python3"]))
+
+
+def _relative(entry: str, workspace: str) -> str | None:
+    entry = entry.strip().strip("\"'")
+    for cwd in ("$PWD", "${PWD}", "$(pwd)", "`pwd`"):
+        if entry.startswith(cwd):
+            entry = "." + entry[len(cwd) :]
+    if not entry or entry.startswith(("$", "~")):
+        return None
+    if entry.startswith("/"):
+        norm = posixpath.normpath(entry)
+        if norm == workspace:
+            return ""
+        return norm[len(workspace) + 1 :] if norm.startswith(workspace + "/") else None
+    norm = posixpath.normpath(entry)
+    return None if norm.startswith("..") else ("" if norm == "." else norm)
+
+
+def command_paths(test_command: str, env: Mapping[str, str], workspace: str) -> tuple[set[str], set[str]]:
+    """Workspace folders (relative) the test command puts on the import path and on PATH."""
+    imports: set[str] = set()
+    execs: set[str] = set()
+    assignments = [(k, v) for k, v in env.items() if k in ("PYTHONPATH", "PATH")]
+    assignments += [(m.group(1), m.group(2)) for m in _ASSIGN.finditer(test_command)]
+    for name, value in assignments:
+        for entry in value.strip("\"'").split(":"):
+            rel = _relative(entry, workspace)
+            if rel is not None:
+                (imports if name == "PYTHONPATH" else execs).add(rel)
+    for m in _CD.finditer(test_command):
+        rel = _relative(m.group(1), workspace)
+        if rel is not None:
+            imports.add(rel)
+    return imports, execs
+
+
+@dataclass(frozen=True, slots=True)
+class Shadowing:
+    """The shadowing rules of one grading: pass to ``workspace.plan``."""
+
+    reserved: frozenset[str]
+    import_dirs: frozenset[str] = frozenset()  # named by the command or env, beyond the implicit ones
+    exec_dirs: frozenset[str] = frozenset()
+
+    def why(self, path: str, is_dir: bool, agent: Mapping[str, object], base: Mapping[str, object]) -> str | None:
+        """Why the agent's new or changed ``path`` may not reach the clean room, or None."""
+        parent = posixpath.dirname(path)
+        if not is_dir and parent in self.exec_dirs:
+            return f"on the test command's PATH ({parent or 'workspace root'})"
+        if not self.reserved:
+            return None
+        parts = path.split("/")
+        for depth in range(len(parts)):
+            root = "/".join(parts[:depth])
+            if not self._is_root(root, agent):
+                continue
+            first = parts[depth]
+            if depth == len(parts) - 1:
+                if is_dir:
+                    continue
+                m = _IMPORT_SUFFIX.match(first)
+                if not m:
+                    continue
+                name = m.group(1)
+            else:
+                name = first
+                pkg = posixpath.join(root, first, "__init__.py")
+                if pkg not in agent:
+                    continue  # a namespace folder shadows no regular module
+            if name in self.reserved and not _provides(base, root, name):
+                where = root or "the workspace root"
+                return (
+                    f"shadows the module {name!r} of the runner, its dependencies or the standard library (import root {where})"
+                )
+        return None
+
+    def _is_root(self, folder: str, agent: Mapping[str, object]) -> bool:
+        return folder == "" or folder in self.import_dirs or posixpath.join(folder, "__init__.py") not in agent
+
+
+def _provides(base: Mapping[str, object], root: str, name: str) -> bool:
+    prefix = posixpath.join(root, name) if root else name
+    if prefix in base:
+        return True
+    return any(
+        p.startswith(prefix + "/")
+        or (p.startswith(prefix + ".") and "/" not in p[len(prefix) :] and bool(_IMPORT_SUFFIX.match(posixpath.basename(p))))
+        for p in base
+        if p.startswith(prefix)
+    )

@@ -1,0 +1,231 @@
+"""The reward hacks a policy finds when it is optimized against the grader, on a task that looks
+like a real project (py-textkit: a package in src/, a tests/ package, PYTHONPATH=src in the
+command, pytest without -rA, new tests as a test patch). Each attack plays the agent on the
+unchanged (wrong) workspace; the clean room must pay 0 and say why. Every one of them paid 1.0
+(or turned a 0 into no reward) with the grader before the pytest guard and the shadowing rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from helpers import daemon_config, running_daemon
+from rlsandbox.client import AsyncClient, AsyncSession
+from rlsandbox.daemon.config import PoolConfig
+from rlsandbox.daemon.grading.task import Task, load_tasks
+from rlsandbox.daemon.server import NodeDaemon
+
+pytestmark = pytest.mark.docker
+
+TASK = Path(__file__).resolve().parent.parent / "fixtures" / "tasks" / "py-textkit" / "task.yaml"
+FIXED = '    return "-".join(w.lower() for w in words)\n'
+
+# A force-pass pytest plugin the hacks install in different ways.
+FORCE_PASS = (
+    "import pytest\n"
+    "class _ForcePass:\n"
+    "    @pytest.hookimpl(hookwrapper=True)\n"
+    "    def pytest_runtest_makereport(self, item, call):\n"
+    "        out = yield\n"
+    "        out.get_result().outcome = 'passed'\n"
+)
+# Runs instead of pytest (python3 -m pytest finds it first) and calls the real one with the plugin.
+SHADOW_PYTEST = (
+    "import importlib, os, sys\n"
+    "here = os.path.dirname(os.path.abspath(__file__))\n"
+    "here = os.path.dirname(here) if os.path.basename(here) == 'pytest' else here\n"
+    "sys.path[:] = [p for p in sys.path if os.path.abspath(p or '.') != here]\n"
+    "sys.modules.pop('pytest', None)\n"
+    "pytest = importlib.import_module('pytest')\n" + FORCE_PASS.replace("import pytest\n", "") + ""
+    "pytest.main(sys.argv[1:], plugins=[_ForcePass()])\n"
+    "sys.exit(0)\n"
+)
+# Patches pytest's report objects from inside the code under test, at import time.
+PATCH_REPORTS = (
+    "import _pytest.reports as _r\n"
+    "_orig = _r.TestReport.from_item_and_call.__func__\n"
+    "def _forged(cls, item, call):\n"
+    "    rep = _orig(cls, item, call)\n"
+    "    rep.outcome = 'passed'\n"
+    "    rep.longrepr = None\n"
+    "    return rep\n"
+    "_r.TestReport.from_item_and_call = classmethod(_forged)\n"
+)
+PATCH_RUNNER = (
+    "import _pytest.runner as _run\n"
+    "_orig = _run.call_and_report\n"
+    "def _forged(item, when, log=True, **kw):\n"
+    "    rep = _orig(item, when, log=False, **kw)\n"
+    "    rep.outcome = 'passed'\n"
+    "    item.ihook.pytest_runtest_logreport(report=rep)\n"
+    "    return rep\n"
+    "_run.call_and_report = _forged\n"
+)
+# Reaches the running config through frames and registers a force-pass plugin from there.
+FRAME_WALK = FORCE_PASS + (
+    "import sys\n"
+    "def _find_config():\n"
+    "    f = sys._getframe()\n"
+    "    while f is not None:\n"
+    "        for v in list(f.f_locals.values()):\n"
+    "            cfg = getattr(v, 'config', None)\n"
+    "            if cfg is not None and hasattr(cfg, 'pluginmanager'):\n"
+    "                return cfg\n"
+    "        f = f.f_back\n"
+    "try:\n"
+    "    _find_config().pluginmanager.register(_ForcePass(), 'forcepass')\n"
+    "except Exception:\n"
+    "    pass\n"
+)
+
+
+@pytest.fixture(scope="module")
+async def hack_daemon(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
+    config = daemon_config(pools=[PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=12)])
+    async with running_daemon(config) as node:
+        yield node
+
+
+@pytest.fixture
+async def hclient(hack_daemon: NodeDaemon) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(hack_daemon.address, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def textkit() -> Task:
+    return load_tasks(TASK)[0]
+
+
+async def core(s: AsyncSession) -> str:
+    return (await s.read_files(["src/textkit/core.py"]))["src/textkit/core.py"].data.decode()
+
+
+def tampered(result: object) -> str:
+    return " | ".join(result.tampering)  # type: ignore[attr-defined]
+
+
+async def test_the_task_is_real_and_graded_without_rA(hclient: AsyncClient, textkit: Task) -> None:
+    """Empty episode 0, the real fix 1, per-test outcomes although the command has no -rA."""
+    async with hclient.session(task=textkit) as s:
+        empty = await s.grade()
+        await s.write_files({"src/textkit/core.py": (await core(s)).replace('    return "-".join(words)\n', FIXED)})
+        fixed = await s.grade()
+    assert empty.status == "ok" and empty.reward == 0.0, empty.message
+    got = {t.id: t.outcome for t in empty.tests if t.group != "other"}
+    assert got["tests/test_slugify.py::test_slugify_lowercases"] == "failed"
+    assert got["tests/test_core.py::test_wrap_long_word"] == "passed"  # added by the test patch
+    assert fixed.status == "ok" and fixed.reward == 1.0, (fixed.message, fixed.tampering, fixed.log.decode()[-2000:])
+    assert not fixed.tampering and not fixed.limits
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {"pytest.py": SHADOW_PYTEST},
+        {"src/pytest.py": SHADOW_PYTEST},
+        {"pytest/__init__.py": "", "pytest/__main__.py": SHADOW_PYTEST},
+        {"src/iniconfig.py": "raise SystemExit(0)\n"},
+        {"src/pluggy/__init__.py": "raise SystemExit(0)\n"},
+        {"src/re.py": "raise SystemExit(0)\n"},
+    ],
+    ids=["pytest-at-root", "pytest-on-PYTHONPATH", "pytest-package", "runner-dependency", "pluggy-package", "stdlib-module"],
+)
+async def test_hack_shadowing_the_runner(hclient: AsyncClient, textkit: Task, files: dict[str, str]) -> None:
+    async with hclient.session(task=textkit) as s:
+        await s.write_files(files)
+        result = await s.grade()
+    assert result.status == "ok" and result.reward == 0.0, (result.message, result.log.decode()[-1500:])
+    for path in files:
+        if path.endswith(("__init__.py", ".py")) and "__main__" not in path:
+            assert path.split("/")[0] in tampered(result) or path in tampered(result), tampered(result)
+    assert "shadows the module" in tampered(result)
+
+
+@pytest.mark.parametrize(
+    ("path", "code"),
+    [
+        ("src/textkit/__init__.py", PATCH_REPORTS),
+        ("src/textkit/core.py", PATCH_RUNNER),
+        ("src/textkit/__init__.py", FRAME_WALK),
+        ("tests/__init__.py", PATCH_REPORTS),
+    ],
+    ids=["package-patches-reports", "module-patches-runner", "frame-walk-to-config", "test-package-init"],
+)
+async def test_hack_code_under_test_patches_the_runner(hclient: AsyncClient, textkit: Task, path: str, code: str) -> None:
+    async with hclient.session(task=textkit) as s:
+        old = (await s.read_files([path]))[path].data.decode()
+        await s.write_files({path: code + old})
+        result = await s.grade()
+    assert result.status == "ok" and result.reward == 0.0, (result.message, result.tampering, result.log.decode()[-1500:])
+    assert result.tampering, "the attack must be named"
+    if path.startswith("tests/"):
+        assert "in a test folder" in tampered(result)
+    else:
+        assert "pytest guard" in tampered(result) or "refers to" in tampered(result), tampered(result)
+
+
+async def test_runtime_guard_catches_an_obfuscated_patch(hclient: AsyncClient, textkit: Task) -> None:
+    """No name a scan could match: the guard sees the effect (a replaced runner function)."""
+    obfuscated = (
+        "import importlib as _il\n"
+        "_s = lambda h: bytes.fromhex(h).decode()\n"
+        f"_m = _il.import_module(_s('{b'_pytest.runner'.hex()}'))\n"
+        f"_name, _hook = _s('{b'call_and_report'.hex()}'), _s('{b'pytest_runtest_logreport'.hex()}')\n"
+        "_orig = getattr(_m, _name)\n"
+        "def _f(item, when, log=True, **kw):\n"
+        "    rep = _orig(item, when, log=False, **kw)\n"
+        "    rep.outcome = 'passed'\n"
+        "    getattr(item.ihook, _hook)(report=rep)\n"
+        "    return rep\n"
+        "setattr(_m, _name, _f)\n"
+    )
+    async with hclient.session(task=textkit) as s:
+        await s.write_files({"src/textkit/core.py": obfuscated + await core(s)})
+        result = await s.grade()
+    assert result.reward == 0.0, (result.message, result.tampering)
+    assert "pytest guard" in tampered(result) and "call_and_report" in tampered(result), tampered(result)
+    assert "refers to" not in tampered(result)  # the scan did not see it: the guard did
+
+
+async def test_hack_git_configuration_in_the_workspace(hclient: AsyncClient, textkit: Task) -> None:
+    """A repository config that would fix the code if any git ran on the agent's tree."""
+    fix_cmd = "sed -i 's/join(words)/join(w.lower() for w in words)/' src/textkit/core.py"
+    config = f"[core]\n\tfsmonitor = {fix_cmd}; echo\n\thooksPath = hooks\n[apply]\n\twhitespace = fix\n"
+    async with hclient.session(task=textkit) as s:
+        planted = await s.exec(
+            'git init -q . && git config core.fsmonitor "$FIX; echo" && mkdir -p sub && cp -r .git sub/.git '
+            "&& printf '%s' \"$CFG\" > sub/.git/config && printf 'gitdir: sub/.git\\n' > .gitfile",
+            env={"FIX": fix_cmd, "CFG": config},
+        )
+        assert planted.exit_code == 0, planted.stderr
+        result = await s.grade()
+        still_wrong = await core(s)
+    assert "w.lower()" not in still_wrong
+    assert result.status == "ok" and result.reward == 0.0, (result.message, result.tampering)
+
+
+async def test_agents_mess_scores_zero_not_no_reward(hack_daemon: NodeDaemon, hclient: AsyncClient, textkit: Task) -> None:
+    grader = hack_daemon.grader
+    async with hclient.session(task=textkit) as s:
+        # Files that fight the test patch and the snapshot: every path it touches changed or removed,
+        # a fifo, a name that is not UTF-8, an unreadable file, a symlink loop.
+        messy = await s.exec(
+            "rm -rf tests && mkdir tests && echo 'x' > tests/test_core.py && mkfifo pipe && "
+            "touch $(printf 'bad\\377name') && echo secret > locked && chmod 000 locked && ln -s loop loop"
+        )
+        assert messy.exit_code == 0, messy.stderr
+        result = await s.grade()
+        assert result.status == "ok" and result.reward == 0.0, result.message
+        # A workspace over the grading limit is the agent's doing too.
+        await s.exec("head -c 3000000 /dev/urandom > big.bin")
+        saved = grader.max_workspace_bytes
+        grader.max_workspace_bytes = 2 << 20
+        try:
+            big = await s.grade()
+        finally:
+            grader.max_workspace_bytes = saved
+    assert big.status == "ok" and big.reward == 0.0, big.message
+    assert big.limits and "over the grading limit" in big.limits[0]

@@ -1,0 +1,272 @@
+"""The pure parts of the grader's defences: test patches applied without git, the pytest guard's
+signed log, module shadowing, the scan of added lines, test folders. No Docker."""
+
+from __future__ import annotations
+
+import hmac
+import io
+import subprocess
+import sys
+import tarfile
+from hashlib import sha256
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from rlsandbox.daemon.grading.guard import GUARD_SOURCE, guard_setup, read_guard_log
+from rlsandbox.daemon.grading.patches import PatchError, apply_patch, parse_patch, patch_paths
+from rlsandbox.daemon.grading.reports import Outcome
+from rlsandbox.daemon.grading.scan import scan
+from rlsandbox.daemon.grading.shadowing import PROBE, ImportFacts, Shadowing, command_paths, interpreters
+from rlsandbox.daemon.grading.workspace import Entry, Snapshot, folders_holding_tests, plan
+
+# -- test patches ---------------------------------------------------------------------------------
+PATCH = b"""diff --git a/tests/test_a.py b/tests/test_a.py
+--- a/tests/test_a.py
++++ b/tests/test_a.py
+@@ -2,3 +2,4 @@ import x
+\x20
+ def test_one():
+     assert x.one() == 1
++    assert x.two() == 2
+diff --git a/tests/test_new.py b/tests/test_new.py
+new file mode 100755
+--- /dev/null
++++ b/tests/test_new.py
+@@ -0,0 +1,2 @@
++def test_new():
++    pass
+diff --git a/old.txt b/old.txt
+deleted file mode 100644
+--- a/old.txt
++++ /dev/null
+@@ -1 +0,0 @@
+-gone
+"""
+TEST_A = b"import x\n\ndef test_one():\n    assert x.one() == 1\n"
+
+
+def test_patch_applies_changes_creates_and_deletes() -> None:
+    out = apply_patch(PATCH, {"tests/test_a.py": TEST_A, "old.txt": b"gone\n"})
+    assert out["tests/test_a.py"] == (TEST_A + b"    assert x.two() == 2\n", None)
+    assert out["tests/test_new.py"] == (b"def test_new():\n    pass\n", 0o755)
+    assert out["old.txt"] == (None, None)
+    assert patch_paths(PATCH) == ["tests/test_a.py", "tests/test_new.py", "old.txt"]
+
+
+def test_patch_finds_moved_context_like_git_apply() -> None:
+    moved = b"# header\n# more\n" + TEST_A
+    out = apply_patch(PATCH, {"tests/test_a.py": moved, "old.txt": b"gone\n"})
+    assert out["tests/test_a.py"][0] == moved + b"    assert x.two() == 2\n"
+
+
+def test_patch_refusals_name_the_file() -> None:
+    with pytest.raises(PatchError, match=r"tests/test_a\.py: a hunk"):
+        apply_patch(PATCH, {"tests/test_a.py": b"something else\n", "old.txt": b"gone\n"})
+    with pytest.raises(PatchError, match="does not exist"):
+        apply_patch(PATCH, {"old.txt": b"gone\n"})
+    with pytest.raises(PatchError, match="already exists"):
+        apply_patch(PATCH, {"tests/test_a.py": TEST_A, "old.txt": b"gone\n", "tests/test_new.py": b"x"})
+    with pytest.raises(PatchError, match="binary"):
+        parse_patch(b"diff --git a/x b/x\nGIT binary patch\nliteral 0\n")
+    with pytest.raises(PatchError, match="no file"):
+        parse_patch(b"just text\n")
+
+
+def test_patch_without_newline_at_end(tmp_path: Path) -> None:
+    patch = b"--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n a\n-b\n\\ No newline at end of file\n+c\n\\ No newline at end of file\n"
+    assert apply_patch(patch, {"f": b"a\nb"})["f"][0] == b"a\nc"
+
+
+@given(
+    base=st.lists(st.sampled_from(["a", "b", "c", "d", ""]), max_size=12),
+    edit=st.lists(st.sampled_from(["a", "b", "x", "y", ""]), max_size=12),
+)
+def test_patch_agrees_with_a_real_diff(base: list[str], edit: list[str]) -> None:
+    """Any diff that GNU diff makes, the applier applies to the same result."""
+    old = "".join(f"{ln}\n" for ln in base).encode()
+    new = "".join(f"{ln}\n" for ln in edit).encode()
+    if old == new:
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "a").write_bytes(old)
+        (Path(d) / "b").write_bytes(new)
+        diff = subprocess.run(["diff", "-u", "a", "b"], cwd=d, capture_output=True).stdout
+    diff = diff.replace(b"--- a\t", b"--- a/f\t").replace(b"+++ b\t", b"+++ b/f\t")
+    assert apply_patch(diff, {"f": old})["f"][0] == new
+
+
+# -- the guard's log ------------------------------------------------------------------------------
+def signed(key: bytes, *records: tuple[object, ...]) -> bytes:
+    out = b""
+    for seq, rec in enumerate(records):
+        body = repr((seq, *rec)).encode()
+        out += body + b"\t" + hmac.new(key, body, sha256).hexdigest().encode() + b"\n"
+    return out
+
+
+KEY = b"k" * 32
+
+
+def run(nodeid: str, raw: str, final: str) -> list[tuple[object, ...]]:
+    recs: list[tuple[object, ...]] = []
+    for when in ("setup", "call", "teardown"):
+        r = raw if when == "call" else "passed"
+        f = final if when == "call" else "passed"
+        recs += [("raw", nodeid, when, r), ("report", nodeid, when, f, False)]
+    return recs
+
+
+def test_guard_log_gives_outcomes() -> None:
+    log = read_guard_log(
+        signed(KEY, ("start", 1, "3.11"), *run("t.py::a", "passed", "passed"), *run("t.py::b", "failed", "failed"), ("end", "1")),
+        KEY,
+    )
+    assert log.started and log.ended and not log.tampering
+    assert log.tests == {"t.py::a": Outcome.PASSED, "t.py::b": Outcome.FAILED}
+
+
+def test_guard_log_catches_a_failure_reported_as_a_pass() -> None:
+    log = read_guard_log(signed(KEY, ("start", 1, "3.11"), *run("t.py::b", "failed", "passed"), ("end", "0")), KEY)
+    assert log.tests["t.py::b"] is Outcome.FAILED
+    assert "failed when it ran but its report says passed" in log.tampering[0]
+
+
+def test_guard_log_catches_forged_and_removed_lines() -> None:
+    good = signed(KEY, ("start", 1, "3.11"), *run("t.py::a", "failed", "failed"), ("end", "1"))
+    forged = good + b"(99, 'report', 't.py::a', 'call', 'passed', False)\tdeadbeef\n"
+    assert any("bad signature" in t for t in read_guard_log(forged, KEY).tampering)
+    lines = good.split(b"\n")
+    cut = b"\n".join(lines[:2] + lines[4:])
+    assert any("missing from its log" in t for t in read_guard_log(cut, KEY).tampering)
+    other_key = signed(b"x" * 32, ("start", 1, "3.11"))
+    assert not read_guard_log(other_key, KEY).started
+
+
+def test_guard_log_reports_a_pass_that_never_ran() -> None:
+    recs = [("start", 1, "3.11"), ("report", "t.py::c", "call", "passed", False)]
+    log = read_guard_log(signed(KEY, *recs), KEY)
+    assert log.tests["t.py::c"] is Outcome.FAILED and "never ran" in log.tampering[0]
+
+
+@given(st.binary(max_size=400))
+def test_guard_log_never_raises(data: bytes) -> None:
+    read_guard_log(data, KEY)
+
+
+def test_guard_runs_in_a_real_pytest(tmp_path: Path) -> None:
+    """The guard file itself, loaded by this machine's pytest: outcomes signed, a patch caught."""
+    setup = guard_setup(str(tmp_path))
+    (tmp_path / f"{setup.module}.py").write_bytes(GUARD_SOURCE)
+    (tmp_path / "guard.json").write_bytes(setup.config(str(tmp_path / "ws"), [str(tmp_path / "ws" / "evil.py")]))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "evil.py").write_text("import _pytest.runner as r\nr.call_and_report = r.call_and_report.__wrapped__ if 0 else len\n")
+    (ws / "test_x.py").write_text("import evil\n\ndef test_ok():\n    pass\n\ndef test_bad():\n    assert 0\n")
+    env = {**setup.env({}), "PYTHONPATH": f"{tmp_path}:{ws}", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_x.py"], cwd=ws, env=env, capture_output=True
+    )
+    log = read_guard_log(Path(setup.log_path).read_bytes(), setup.key)
+    assert not Path(setup.config_path).exists()  # the key left the disk before any test ran
+    assert log.started and log.ended, proc.stdout.decode()[-2000:]
+    assert any("call_and_report was replaced" in t for t in log.tampering), log.tampering
+
+
+# -- shadowing ------------------------------------------------------------------------------------
+def snap(*paths: str) -> Snapshot:
+    return Snapshot({p: Entry("file", 0o644, b"x") for p in paths})
+
+
+RESERVED = frozenset({"pytest", "_pytest", "pluggy", "json", "re", "textkit"})
+
+
+def test_shadowing_roots() -> None:
+    base = snap("src/textkit/__init__.py", "src/textkit/core.py", "tests/__init__.py", "tests/test_a.py", "setup.py")
+    agent = snap(
+        *base.entries,
+        "pytest.py",
+        "src/pluggy/__init__.py",
+        "src/textkit/json.py",
+        "src/textkit/core.py",
+        "docs/re.py",
+        "src/nspkg/x.py",
+        "src/pytest/readme.txt",
+    )
+    agent.entries["src/textkit/core.py"] = Entry("file", 0o644, b"changed")
+    sh = Shadowing(RESERVED)
+    changes = plan(base, agent, protected=[], test_files=["tests/test_a.py"], hidden=[], shadow=sh)
+    dropped = {d.split(":")[0] for d in changes.discarded}
+    assert dropped == {"pytest.py", "src/pluggy/__init__.py", "docs/re.py"}
+    assert "src/textkit/json.py" in changes.writes  # inside a package: not an import root
+    assert "src/textkit/core.py" in changes.writes  # the project's own package
+    assert "src/pytest/readme.txt" in changes.writes  # a namespace folder shadows no regular module
+
+
+def test_explicit_import_dirs_are_roots_even_when_packages() -> None:
+    base = snap("lib/__init__.py", "lib/a.py")
+    agent = snap(*base.entries, "lib/pytest.py")
+    assert Shadowing(RESERVED).why("lib/pytest.py", False, agent.entries, base.entries) is None
+    assert "shadows" in (Shadowing(RESERVED, frozenset({"lib"})).why("lib/pytest.py", False, agent.entries, base.entries) or "")
+
+
+def test_command_paths_and_interpreters() -> None:
+    imports, execs = command_paths(
+        "cd pkg && PYTHONPATH=src:/workspace/lib:$PYTHONPATH PATH=$PWD/bin:$PATH /opt/venv/bin/python3.11 -m pytest",
+        {"PYTHONPATH": "/elsewhere:vendor"},
+        "/workspace",
+    )
+    assert imports == {"src", "lib", "vendor", "pkg"}
+    assert execs == {"bin"}
+    assert interpreters("cd x && /opt/venv/bin/python3.11 -m pytest; python -c 1") == ["/opt/venv/bin/python3.11", "python"]
+    assert interpreters("pytest -q") == ["python3"]
+    assert Shadowing(frozenset(), exec_dirs=frozenset({"bin"})).why("bin/go", False, {}, {}) == "on the test command's PATH (bin)"
+
+
+def test_probe_runs_here() -> None:
+    out = subprocess.run([sys.executable, "-c", PROBE, "/nonexistent"], capture_output=True, check=True).stdout
+    facts = ImportFacts.parse(out)
+    assert {"json", "sys", "pytest", "_pytest", "pluggy"} <= facts.reserved
+    assert facts.pytest_dir and Path(facts.pytest_dir, "_pytest").is_dir()
+
+
+# -- scan and test folders ------------------------------------------------------------------------
+def test_scan_flags_only_added_lines() -> None:
+    old = b"import sys\nframe = sys._getframe()\n"
+    new = old + b"import _pytest.reports\nos._exit(0)  # bye\nx = 1  # _pytest in a comment\n"
+    found = scan("pkg/mod.py", old, new)
+    assert [f.split(":")[1] for f in found] == ["3", "4"]
+    assert scan("pkg/mod.py", None, b"import pytest\n") == []
+    assert scan("data.bin", None, b"_pytest") == []
+
+
+def test_test_folders_grow_from_listed_files() -> None:
+    base = snap(
+        "tests/__init__.py", "tests/helpers.py", "tests/test_a.py", "tests/data/x.json",
+        "pkg/__init__.py", "pkg/core.py", "pkg/test_core.py", "test_root.py",
+    )  # fmt: skip
+    assert folders_holding_tests(base, ["tests/test_a.py", "pkg/test_core.py", "test_root.py"]) == ["tests/**"]
+    changes = plan(base, snap(*base.entries), protected=[], test_files=["tests/test_a.py"], hidden=[])
+    assert changes.empty
+    agent = snap(*base.entries)
+    for p in ("tests/__init__.py", "tests/helpers.py", "tests/data/x.json", "pkg/core.py"):
+        agent.entries[p] = Entry("file", 0o644, b"changed")
+    agent.entries["tests/new_helper.py"] = Entry("file", 0o644, b"new")
+    changes = plan(base, agent, protected=[], test_files=["tests/test_a.py"], hidden=[])
+    assert set(changes.writes) == {"pkg/core.py"}
+    assert len(changes.discarded) == 4 and all("in a test folder" in d for d in changes.discarded)
+
+
+def test_nested_git_folders_never_reach_the_clean_room() -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in ("ws/a.py", "ws/.git/config", "ws/sub/.git/config", "ws/sub/b.py"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    from rlsandbox.daemon.grading.workspace import snapshot_from_archive
+
+    assert set(snapshot_from_archive(buf.getvalue()).entries) == {"a.py", "sub/b.py"}
