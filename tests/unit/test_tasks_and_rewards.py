@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
+from rlsandbox.daemon import cli
 from rlsandbox.daemon.grading.reports import Outcome, TestCase, TestReport
 from rlsandbox.daemon.grading.rewards import (
     MISSING,
@@ -121,12 +123,43 @@ def test_swebench_import() -> None:
     ev = spec.evaluation
     assert ev.fail_to_pass == ["astropy/modeling/tests/test_separable.py::test_separable[compound_model6-result6]"]
     assert ev.pass_to_pass == ["astropy/modeling/tests/test_separable.py::test_coord_matrix"]
-    assert ev.test_files == ["astropy/modeling/tests/test_separable.py"]
+    assert ev.test_files == ["astropy/modeling/tests/test_separable.py", "astropy/modeling/tests/**"]
     assert ev.test_command.endswith("astropy/modeling/tests/test_separable.py")
     assert ev.test_patch == SWE["test_patch"] and spec.gold_patch == SWE["patch"]
     assert spec.metadata["base_commit"] == SWE["base_commit"]
     with pytest.raises(TaskError, match="not a JSON list"):
         from_swebench({**SWE, "FAIL_TO_PASS": "nope"}, pool="p")
+
+
+def test_swebench_import_from_a_local_clone_with_env(tmp_path: Path) -> None:
+    """A repository at each instance's base commit (not an image), PYTHONPATH kept, no -rA needed."""
+    repo = tmp_path / "repo"
+    (repo / "src" / "pkg").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "src" / "pkg" / "__init__.py").write_text("X = 1\n")
+    (repo / "tests" / "test_x.py").write_text("def test_x():\n    pass\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    base = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    (repo / "src" / "pkg" / "__init__.py").write_text("X = 2  # the fix, later\n")
+    subprocess.run([*git, "commit", "-qam", "fix"], check=True)
+    instance = {**SWE, "instance_id": "org__pkg-1", "base_commit": base, "test_patch": SWE["test_patch"]}
+    (tmp_path / "in.jsonl").write_text(json.dumps(instance) + "\n")
+    out = tmp_path / "tasks" / "tasks.jsonl"
+    out.parent.mkdir()
+    code = cli.main(
+        ["tasks", "import-swebench", str(tmp_path / "in.jsonl"), "--pool", "python", "--repo", str(repo),
+         "--workspace", "/workspace", "--env", "PYTHONPATH=src", "--test-command", "python3 -m pytest {test_files}",
+         "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    task = load_tasks(out)[0]
+    assert task.spec.workspace.source == "bundle" and task.spec.evaluation.env == {"PYTHONPATH": "src"}
+    assert task.spec.evaluation.test_command == "python3 -m pytest astropy/modeling/tests/test_separable.py"
+    with tarfile.open(fileobj=io.BytesIO(task.workspace_tar)) as tar:
+        assert tar.extractfile("src/pkg/__init__.py").read() == b"X = 1\n"  # type: ignore[union-attr]
 
 
 def test_patch_files_include_deleted_and_new_files() -> None:

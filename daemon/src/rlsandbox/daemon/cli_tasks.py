@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -68,11 +70,17 @@ async def _import_swebench(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"{src}: not JSON or JSONL: {e}") from None
     if isinstance(docs, dict):
         docs = [docs]
+    env = dict(_key_value(kv) for kv in args.env or [])
+    if args.repo and args.out in (None, "-"):
+        raise InvalidArgument("--repo writes a workspace tarball per instance beside --out: give --out FILE.jsonl")
     out = sys.stdout if args.out in (None, "-") else open(args.out, "w", encoding="utf-8")  # noqa: SIM115 - stdout is not ours to close
     try:
         for doc in docs:
+            tar = _archive_base_commit(args.repo, doc, Path(args.out)) if args.repo else None
             try:
-                spec = from_swebench(doc, pool=args.pool, workspace_path=args.workspace)
+                spec = from_swebench(
+                    doc, pool=args.pool, workspace_path=args.workspace, test_command=args.test_command, env=env, workspace_tar=tar
+                )
             except TaskError as e:
                 raise InvalidArgument(str(e)) from None
             out.write(spec.model_dump_json(exclude_none=True) + "\n")
@@ -81,6 +89,28 @@ async def _import_swebench(args: argparse.Namespace) -> int:
             out.close()
     print(f"{len(docs)} task(s) imported", file=sys.stderr)
     return 0
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise InvalidArgument(f"--env {text!r}: use KEY=VALUE")
+    return key, value
+
+
+def _archive_base_commit(repo: str, doc: dict[str, object], out: Path) -> str:
+    """The tree of the instance's base_commit in the local clone ``repo``, as a tarball beside ``out``
+    (``git archive``: the files at that commit, no history). Returns its path relative to ``out``."""
+    iid, commit = str(doc.get("instance_id") or ""), str(doc.get("base_commit") or "")
+    if not iid or not commit:
+        raise InvalidArgument(f"{iid or 'an instance'}: --repo needs instance_id and base_commit")
+    folder = out.parent / (out.stem + ".workspaces")
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', iid)}.tar"
+    done = subprocess.run(["git", "-C", repo, "archive", "--format=tar", "-o", str(target), commit], capture_output=True)
+    if done.returncode != 0:
+        raise InvalidArgument(f"{iid}: git archive of {commit} in {repo} failed: {done.stderr.decode(errors='replace').strip()}")
+    return target.relative_to(out.parent).as_posix()
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -104,6 +134,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     sw = tasks_sub.add_parser("import-swebench", help="convert SWE-bench instances (JSON or JSONL) to tasks (JSONL)")
     sw.add_argument("path")
     sw.add_argument("--pool", required=True, help="the pool whose image holds the repository at its base commit")
-    sw.add_argument("--workspace", default="/testbed", help="where the repository is in the image (default /testbed)")
+    sw.add_argument("--workspace", default="/testbed", help="where the repository is in the sandbox (default /testbed)")
+    sw.add_argument("--repo", help="a local clone: each workspace is its base_commit's tree, copied in")
+    sw.add_argument("--env", action="append", metavar="KEY=VALUE", help="test command environment (PYTHONPATH=src); repeat")
+    sw.add_argument(
+        "--test-command",
+        default="python -m pytest -rA -p no:cacheprovider {test_files}",
+        help="the test command; {test_files} is replaced by the patch's test files",
+    )
     sw.add_argument("--out", help="output JSONL file (default: standard output)")
     sw.set_defaults(handler=_import_swebench)
