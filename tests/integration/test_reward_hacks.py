@@ -229,3 +229,33 @@ async def test_agents_mess_scores_zero_not_no_reward(hack_daemon: NodeDaemon, hc
             grader.max_workspace_bytes = saved
     assert big.status == "ok" and big.reward == 0.0, big.message
     assert big.limits and "over the grading limit" in big.limits[0]
+
+
+async def test_validation_calls_the_real_looking_task_valid(hclient: AsyncClient, textkit: Task) -> None:
+    from rlsandbox.daemon.grading.validate import validate
+
+    report = await validate(hclient, [textkit], runs=2, concurrency=4)
+    verdict = report.tasks[0]
+    assert verdict.verdict == "valid", verdict.problems
+
+
+async def test_hack_silencing_or_forging_the_guard(hclient: AsyncClient, textkit: Task) -> None:
+    """Close every descriptor the guard could be writing to, print forged records, patch reports."""
+    ids = [*textkit.spec.evaluation.fail_to_pass, *textkit.spec.evaluation.pass_to_pass]
+    forged = "".join(f"({i}, 'report', {t!r}, 'call', 'passed', False)\t{'0' * 64}\n" for i, t in enumerate(ids))
+    silence = (
+        "import os\n"
+        "for fd in range(3, 256):\n"
+        "    try:\n"
+        "        if os.readlink(f'/proc/self/fd/{fd}').startswith('pipe:'):\n"
+        f"            os.write(fd, {forged.encode()!r})\n"
+        "            os.close(fd)\n"
+        "    except OSError:\n"
+        "        pass\n"
+    )
+    async with hclient.session(task=textkit) as s:
+        await s.write_files({"src/textkit/__init__.py": silence + PATCH_REPORTS + "from textkit.core import slugify, wrap\n"})
+        result = await s.grade()
+    assert result.status == "ok" and result.reward == 0.0, (result.message, result.tampering)
+    assert "bad signature" in tampered(result), tampered(result)
+    assert "ended before pytest finished" in result.message  # what the guard could not say is missing, not passed

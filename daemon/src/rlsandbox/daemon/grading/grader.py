@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping
 
 from rlsandbox.daemon.errors import FailedPrecondition, FileTooLarge, SandboxError
-from rlsandbox.daemon.grading.guard import GUARD_SOURCE, PYTEST_FORMATS, guard_setup, read_guard_log
+from rlsandbox.daemon.grading.guard import GUARD_SOURCE, PYTEST_FORMATS, guard_setup, read_guard_log, split_records
 from rlsandbox.daemon.grading.patches import PatchError, apply_patch, patch_paths
 from rlsandbox.daemon.grading.reports import OUTPUT_FORMATS, Outcome, TestReport, lookup, parse_report
 from rlsandbox.daemon.grading.rewards import (
@@ -41,7 +41,7 @@ from rlsandbox.daemon.grading.scan import scan
 from rlsandbox.daemon.grading.shadowing import PROBE, ImportFacts, Shadowing, command_paths, interpreters
 from rlsandbox.daemon.grading.task import Task
 from rlsandbox.daemon.grading.workspace import Changes, Entry, Snapshot, changes_tar, plan, snapshot_from_archive
-from rlsandbox.daemon.model import ExecRequest, ExecResult, MiB
+from rlsandbox.daemon.model import ExecRequest, ExecResult, FileWrite, MiB
 from rlsandbox.daemon.pool import WarmPool
 from rlsandbox.daemon.runtime.docker import DockerRuntime
 from rlsandbox.daemon.sandbox import Sandbox
@@ -52,6 +52,7 @@ MAX_SNAPSHOT_BYTES = 256 * MiB
 MAX_REPORT_BYTES = 32 * MiB
 OUTPUT_CAP = 8 * MiB
 STEP_TIMEOUT = 60.0
+FACTS_CACHE = 256  # probe answers kept (one per image, setup and environment)
 GIT_IDENTITY = ("-c", "user.name=rlsandbox", "-c", "user.email=rlsandbox@localhost", "-c", "commit.gpgsign=false")
 # The environment of every grading command, over the task's own: no bytecode (a stale or planted
 # .pyc must not stand in for a restored source), no user site-packages.
@@ -89,6 +90,7 @@ class Grader:
         self.acquire_timeout = acquire_timeout
         self.tampering_policy = tampering_policy
         self.max_workspace_bytes = MAX_SNAPSHOT_BYTES
+        self._facts: dict[tuple[object, ...], ImportFacts | None] = {}
         self.graded_total = 0
         self.infra_errors_total = 0
 
@@ -165,9 +167,10 @@ class Grader:
         room = await pool.acquire(self.acquire_timeout)
         try:
             await self.prepare(room, task, reset_git=False)
-            facts = await self._probe(room, task)
             try:
-                base_archive = await self.runtime.get_archive(room.container_id, ws, MAX_SNAPSHOT_BYTES)
+                facts, base_archive = await asyncio.gather(
+                    self._probe(room, task), self.runtime.get_archive(room.container_id, ws, MAX_SNAPSHOT_BYTES)
+                )
             except FileTooLarge:
                 raise TaskSetupFailed(
                     f"the task's own workspace is over the grading limit of {MAX_SNAPSHOT_BYTES >> 20} MiB"
@@ -238,8 +241,14 @@ class Grader:
             changes.writes[p] = Entry("file", mode if mode is not None else (old.mode if old else 0o644), data)
 
     async def _probe(self, room: Sandbox, task: Task) -> ImportFacts | None:
-        """What the clean room's interpreters resolve outside the workspace, before any agent file is there."""
+        """What the clean room's interpreters resolve outside the workspace, before any agent file is there.
+
+        The answer depends on the image, the setup commands and the environment only: it is cached.
+        """
         ev = task.spec.evaluation
+        key = (room.image, tuple(task.spec.setup), tuple(sorted(ev.env.items())), ev.test_command, task.spec.workspace.path)
+        if key in self._facts:
+            return self._facts[key]
         facts: ImportFacts | None = None
         for python in interpreters(ev.test_command):
             run = await room.exec(
@@ -257,6 +266,9 @@ class Grader:
             except (ValueError, KeyError, IndexError):
                 continue
             facts = found if facts is None else ImportFacts(facts.reserved | found.reserved, facts.pytest_dir or found.pytest_dir)
+        if len(self._facts) >= FACTS_CACHE:
+            self._facts.pop(next(iter(self._facts)))
+        self._facts[key] = facts
         return facts
 
     async def _in_place(self, agent: Sandbox, task: Task) -> GradeResult:
@@ -306,25 +318,31 @@ class Grader:
         # The report goes where the agent never had a sandbox and never saw the name.
         report_dir = f"/.rlsandbox-grade-{secrets.token_hex(8)}"
         report_path = f"{report_dir}/report"
-        await self._infra(
-            room, ExecRequest(argv=("mkdir", "-m", "700", "-p", report_dir), timeout=STEP_TIMEOUT), "create the report folder"
-        )
         command = ev.test_command.replace("{report}", shlex.quote(report_path))
         env = {**ev.env, **GRADE_ENV}
+        mkdir = ExecRequest(argv=("mkdir", "-m", "700", "-p", report_dir), timeout=STEP_TIMEOUT)
+        await self._infra(room, mkdir, "create the report folder")
         guard = None
         if facts is not None and facts.pytest_dir and ev.report_format in PYTEST_FORMATS:
+            # Written by the room's own agent: no code of the agent's workspace has run yet (an
+            # archive upload through the engine costs ~100 ms more).
             guard = guard_setup(report_dir)
             env.update(guard.env(ev.env))
-            files = {
-                posixpath.join(facts.pytest_dir, guard.module + ".py").lstrip("/"): GUARD_SOURCE,
-                guard.config_path.lstrip("/"): guard.config(ws, changed),
-            }
-            await self.runtime.put_archive(room.container_id, "/", changes_tar({}, files))
+            written = await room.write_files(
+                [
+                    FileWrite(posixpath.join(facts.pytest_dir, guard.module + ".py"), GUARD_SOURCE, 0o644),
+                    FileWrite(guard.config_path, guard.config(ws, changed), 0o600),
+                ]
+            )
+            failed = [w for w in written if w.error]
+            if failed:
+                raise FailedPrecondition(f"grader could not install the pytest guard: {failed[0].path}: {failed[0].error}")
         run = await room.exec(
             ExecRequest(shell=command, cwd=ws, env=env, timeout=ev.timeout, stdout_cap=OUTPUT_CAP, stderr_cap=OUTPUT_CAP)
         )
+        stderr = split_records(run.stderr)[1] if guard is not None else run.stderr  # the guard's records apart
         if ev.report_format in OUTPUT_FORMATS:
-            data = run.stdout + b"\n" + run.stderr
+            data = run.stdout + b"\n" + stderr
         else:
             data = await self._read(room, report_path)
         exit_code = run.exit_code if not run.timed_out else None
@@ -332,7 +350,7 @@ class Grader:
         problems = list(report.problems)
         detected = list(detected)
         if guard is not None:
-            checked = read_guard_log(await self._read(room, guard.log_path), guard.key)
+            checked = read_guard_log(run.stderr, guard.key)
             if checked.started:
                 detected += checked.tampering + _disagreements(report, checked.report())
                 report = checked.report()
@@ -348,7 +366,7 @@ class Grader:
             exit_code=run.exit_code,
             timed_out=run.timed_out,
             report_complete=report.complete,
-            log=cap_log(run.stdout, run.stderr),
+            log=cap_log(run.stdout, stderr),
         )
         if (
             ev.report_format in EXIT_CHECKED_FORMATS

@@ -1,9 +1,11 @@
 """The grader's side of the pytest guard (``pytest_guard.py``): its set-up and its verified log.
 
 Pure functions over bytes: ``guard_setup`` makes the files and the environment that load the
-guard into one clean-room run; ``read_guard_log`` checks every line's HMAC and the sequence and
-turns the records into per-test outcomes and tampering findings. A line with a bad signature, a
-gap, or a pass the runner never produced is tampering.
+guard into one clean-room run; ``read_guard_log`` finds the guard's records in the test command's
+stderr (where the guard writes them through a copy of the original descriptor), checks every
+record's HMAC and the sequence, and turns them into per-test outcomes and tampering findings. A
+record with a bad signature, a gap, or a pass the runner never produced is tampering; other lines
+of stderr are the tests' own.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import ast
 import hmac
 import json
+import re
 import secrets
 from dataclasses import dataclass, field
 from hashlib import sha256
@@ -29,10 +32,9 @@ class GuardSetup:
     module: str  # random: no workspace file can be named like it in advance
     key: bytes
     config_path: str
-    log_path: str
 
     def config(self, workspace: str, changed: list[str]) -> bytes:
-        doc = {"key": self.key.hex(), "workspace": workspace, "changed": sorted(changed), "out": self.log_path}
+        doc = {"key": self.key.hex(), "workspace": workspace, "changed": sorted(changed)}
         return json.dumps(doc).encode()
 
     def env(self, task_env: dict[str, str]) -> dict[str, str]:
@@ -45,7 +47,6 @@ def guard_setup(report_dir: str) -> GuardSetup:
         module=f"rlsandbox_guard_{secrets.token_hex(6)}",
         key=secrets.token_bytes(32),
         config_path=f"{report_dir}/guard.json",
-        log_path=f"{report_dir}/guard.log",
     )
 
 
@@ -69,21 +70,29 @@ def _phase_outcome(when: str, outcome: str, wasxfail: bool) -> Outcome:
     return Outcome.FAILED if when == "call" else Outcome.ERROR
 
 
-def read_guard_log(data: bytes, key: bytes) -> GuardLog:
-    """Verify and interpret the guard's log. Never raises on bad input: it is tampering."""
+_RECORD = re.compile(rb"^\((\d+), '[a-z]+'.*\t([0-9a-f]{64})$")
+
+
+def split_records(stderr: bytes) -> tuple[list[bytes], bytes]:
+    """The lines of ``stderr`` shaped like guard records, and the rest (the tests' own output)."""
+    records: list[bytes] = []
+    rest: list[bytes] = []
+    for line in stderr.split(b"\n"):
+        (records if _RECORD.match(line) else rest).append(line)
+    return records, b"\n".join(rest)
+
+
+def read_guard_log(stderr: bytes, key: bytes) -> GuardLog:
+    """Verify and interpret the guard's records in ``stderr``. Never raises on bad input."""
     log = GuardLog()
     expected = 0
     raw: dict[tuple[str, str], str] = {}
     phases: dict[str, dict[str, Outcome]] = {}
-    for n, line in enumerate(data.split(b"\n"), 1):
-        if not line:
-            continue
+    for n, line in enumerate(split_records(stderr)[0], 1):
         body, _, mac = line.rpartition(b"\t")
         good = hmac.new(key, body, sha256).hexdigest().encode()
-        if not body or not hmac.compare_digest(mac, good):
-            log.tampering.append(
-                f"pytest guard: line {n} of its log is not its own (bad signature): written by the code under test"
-            )
+        if not hmac.compare_digest(mac, good):
+            log.tampering.append(f"pytest guard: record line {n} has a bad signature: written by the code under test")
             continue
         try:
             record = ast.literal_eval(body.decode("utf-8"))

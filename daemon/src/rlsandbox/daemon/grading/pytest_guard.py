@@ -16,7 +16,9 @@
 # - refuses and records what code the agent wrote uses to reach into the runner: swapping a
 #   protected function's __code__, frame, gc and ctypes introspection, trace hooks, reading its own
 #   memory through /proc, compiling code under another file's name;
-# - writes every record as one HMAC-signed line to a file opened before any workspace code ran.
+# - writes every record as one HMAC-signed line to a duplicate of the process's original stderr,
+#   taken before any workspace code ran: a pipe to the sandbox agent, where nothing written can be
+#   taken back (a file could be deleted by the code under test, which runs as the same user).
 # The grader verifies the signatures and the sequence; it trusts no other channel of this process.
 import os
 import sys
@@ -144,7 +146,7 @@ def _install(cfg):
     _isinstance = isinstance
     _type = type
     _id = id
-    fd = os.open(cfg["out"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    fd = os.dup(2)  # pytest's capture replaces fd 2 during tests; this copy stays on the pipe
     modules, classes, functions = _snapshot()
     runner = sys.modules.get("_pytest.runner")
     runner_root = os.path.dirname(os.path.dirname(os.path.realpath(runner.__file__))) + "/" if runner else "/nonexistent/"
