@@ -10,8 +10,7 @@ import os
 from collections.abc import AsyncIterator
 
 import pytest
-from rlsandbox.daemon.agent.channel import AgentChannel
-from rlsandbox.daemon.agent.socket_transport import UnixSocketTransport
+from rlsandbox.daemon.agent.socket_transport import AgentListener, accept_agent
 from rlsandbox.daemon.errors import FailedPrecondition, SandboxDied
 from rlsandbox.daemon.model import AgentMode, ContainerSpec, ExecRequest, FileWrite
 from rlsandbox.daemon.pool import PoolSpec, SandboxFactory
@@ -184,12 +183,38 @@ async def test_socket_agent_outlives_its_daemon_connection(docker_runtime: Docke
         await sb.channel.close("daemon crashed")
         with pytest.raises(SandboxDied):
             await waited
-        socket_path = DEFAULT_SOCKET_ROOT / sb.name / "agent.sock"
-        sb.channel = AgentChannel(await UnixSocketTransport.connect(socket_path, 10), name=sb.name)
-        await sb.channel.start(timeout=10)
+        listener = await AgentListener.open(DEFAULT_SOCKET_ROOT / sb.name / "agent.sock")  # the next daemon
+        sb.channel = await accept_agent(listener, sb.name, 10)
+        await listener.close()
         await asyncio.sleep(1.2)
         background, waited_mark = await sb.channel.read_files(["/tmp/background", "/tmp/waited"], 100, 10)
         assert background.data == b"survived\n", "a background process died with the daemon's connection"
         assert waited_mark.error is not None, "the command in flight when the daemon went away was not cancelled"
     finally:
         await factory.destroy(sb)
+
+
+async def test_the_sandbox_cannot_write_its_host_folder(docker_runtime: DockerRuntime, images: dict[str, str]) -> None:
+    """The agent's socket folder is the daemon's, read-only inside: nothing can be created, filled,
+    replaced or redirected there, and the host folder holds the daemon's socket and nothing else."""
+    factory = SandboxFactory(docker_runtime)
+    sb = await factory.create(PoolSpec(name="hostdir", container=ContainerSpec(image=images["python"])))
+    host = DEFAULT_SOCKET_ROOT / sb.name
+    try:
+        attempts = {
+            "create": "echo x > /.rlsandbox/sock/file",
+            "fill": "head -c 10000000 /dev/zero > /.rlsandbox/sock/big",
+            "replace": "rm -f /.rlsandbox/sock/agent.sock",
+            "redirect": "ln -sf /var/run/docker.sock /.rlsandbox/sock/agent.sock",
+            "rename": "mv /.rlsandbox/sock/agent.sock /.rlsandbox/sock/old",
+            "remount": "mount -o remount,rw /.rlsandbox/sock",
+        }
+        for what, command in attempts.items():
+            r = await sb.exec(ExecRequest(shell=command))
+            assert r.exit_code != 0, f"{what} worked: {r.stdout!r} {r.stderr!r}"
+        assert sorted(p.name for p in host.iterdir()) == ["agent.sock"]
+        assert host.joinpath("agent.sock").is_socket() and not host.joinpath("agent.sock").is_symlink()
+        assert (await sb.exec(ExecRequest(argv=("echo", "still answering")))).stdout == b"still answering\n"
+    finally:
+        await factory.destroy(sb)
+    assert not host.exists(), "the folder outlived its sandbox"

@@ -15,7 +15,7 @@ from agent_local import SubprocessTransport
 from rlsandbox.daemon.agent import AGENT_PATH
 from rlsandbox.daemon.agent import protocol as p
 from rlsandbox.daemon.agent.channel import AgentChannel
-from rlsandbox.daemon.agent.socket_transport import UnixSocketTransport
+from rlsandbox.daemon.agent.socket_transport import AgentListener, accept_agent
 from rlsandbox.daemon.errors import InvalidArgument, SandboxDied
 from rlsandbox.daemon.model import ExecRequest, OutputChunk
 
@@ -106,10 +106,11 @@ async def test_socket_agent_survives_its_daemon_and_serves_the_next_one(tmp_path
     of the connection that went away (a reconnecting daemon numbers requests from 1 again), and
     keeps its persistent shells for the next connection."""
     path = tmp_path / "agent.sock"
-    agent = subprocess.Popen([sys.executable, str(AGENT_PATH), "--socket", str(path)])
+    listener = await AgentListener.open(path)
+    agent = subprocess.Popen([sys.executable, str(AGENT_PATH), "--connect", str(path)])
     try:
-        first = AgentChannel(await UnixSocketTransport.connect(path, 10), name="first")
-        await first.start(10)
+        first = await accept_agent(listener, "first", 10)
+        await listener.close()
         assert (await first.exec(ExecRequest(shell="export KEPT=yes", shell_session="main", timeout=10))).exit_code == 0
         marker = tmp_path / "finished"
         orphan = asyncio.create_task(first.exec(ExecRequest(shell=f"sleep 2; touch {marker}", timeout=30)))
@@ -120,8 +121,9 @@ async def test_socket_agent_survives_its_daemon_and_serves_the_next_one(tmp_path
         await asyncio.sleep(0.3)
         assert agent.poll() is None, "the agent exited with its daemon's connection"
 
-        second = AgentChannel(await UnixSocketTransport.connect(path, 10), name="second")
-        await second.start(10)
+        listener = await AgentListener.open(path)  # a restarted daemon: the agent dials it again
+        second = await accept_agent(listener, "second", 10)
+        await listener.close()
         shell = await second.exec(ExecRequest(shell="echo $KEPT", shell_session="main", timeout=10))
         assert shell.stdout == b"yes\n"
         # Request ids start at 1 again and get their own answers.
@@ -158,3 +160,57 @@ async def test_commands_start_like_popen_would_start_them(channel: AgentChannel,
     assert (await channel.exec(ExecRequest(argv=("no-such-program-rls",), timeout=10))).exit_code == 127
     assert (await channel.exec(ExecRequest(argv=("true",), cwd=str(tmp_path / "missing"), timeout=10))).exit_code == 126
     assert (await channel.exec(ExecRequest(argv=("hello-from-path",), timeout=10))).exit_code == 127  # not on the agent's PATH
+
+
+async def test_agent_survives_its_daemon_vanishing_mid_output(tmp_path: Path) -> None:
+    """A daemon SIGKILLed while a command streams: the agent's write fails (EPIPE), it drops the
+    output, keeps running, and serves the next daemon."""
+    path = tmp_path / "agent.sock"
+    listener = await AgentListener.open(path)
+    agent = subprocess.Popen([sys.executable, str(AGENT_PATH), "--connect", str(path)], stderr=subprocess.PIPE)
+    try:
+        first = await accept_agent(listener, "first", 10)
+        await listener.close()
+        endless = ExecRequest(shell="yes 0123456789abcdef", timeout=30, stdout_cap=1 << 30)
+        streaming = asyncio.create_task(first.exec(endless))
+        await asyncio.sleep(0.5)
+        first._transport._writer.transport.abort()  # type: ignore[attr-defined]  # no FIN dance: like a kill
+        with pytest.raises(SandboxDied):
+            await streaming
+        await first.close("gone")
+        await asyncio.sleep(0.5)
+        assert agent.poll() is None, agent.stderr.read().decode()[-2000:] if agent.stderr else ""
+        listener = await AgentListener.open(path)
+        second = await accept_agent(listener, "second", 10)
+        await listener.close()
+        assert (await second.exec(ExecRequest(argv=("echo", "still here"), timeout=10))).stdout == b"still here\n"
+        await second.close("done")
+    finally:
+        agent.kill()
+        agent.wait()
+        if agent.stderr:
+            agent.stderr.close()
+
+
+async def test_impostors_on_the_agent_socket_are_refused(tmp_path: Path) -> None:
+    """Programs in a sandbox can reach its socket: garbage, a reset and a silent connection come
+    first, and the daemon still ends up talking to the real agent."""
+    path = tmp_path / "agent.sock"
+    listener = await AgentListener.open(path)
+    _, garbage = await asyncio.open_unix_connection(str(path))
+    garbage.write(b"\xff" * 64 + b"not the protocol\n")
+    _, reset = await asyncio.open_unix_connection(str(path))
+    reset.transport.abort()
+    _, silent = await asyncio.open_unix_connection(str(path))
+    agent = subprocess.Popen([sys.executable, str(AGENT_PATH), "--connect", str(path)])
+    try:
+        channel = await accept_agent(listener, "real", 15)
+        await listener.close()
+        assert channel.info.get("protocol") is not None
+        assert (await channel.exec(ExecRequest(argv=("echo", "real"), timeout=10))).stdout == b"real\n"
+        await channel.close("done")
+    finally:
+        garbage.close()
+        silent.close()
+        agent.kill()
+        agent.wait()

@@ -38,7 +38,7 @@ class JournalEntry:
     pool: str
     container: str
     container_id: str
-    transport: str  # "socket", "attach" or "exec"
+    transport: str  # "dial", "attach" or "exec" ("socket": an earlier version's, never adopted)
     runtime: str
     image: str
     options: dict[str, Any]  # env, workdir, idle_timeout, max_lifetime, labels, idempotency_key

@@ -59,7 +59,7 @@ class Sandbox:
         image: str,
         transport: str = "exec",
     ) -> None:
-        """``transport``: how the daemon reaches the sandbox: "socket" (the agent's unix socket,
+        """``transport``: how the daemon reaches the sandbox: "dial" (the agent dials the daemon's unix socket,
         survives a daemon restart), "attach" (the agent on the container's stdin/stdout) or
         "exec" (Engine API exec, no agent)."""
         self.container_id = container_id

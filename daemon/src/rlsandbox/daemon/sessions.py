@@ -319,9 +319,9 @@ class SessionManager:
                 raise SandboxDied(f"its pool {entry.pool!r} is no longer configured")
             task = Task.from_wire(entry.task_spec, entry.task_tar) if entry.task_spec else None
             sandbox = await factory.adopt(entry, state)
-        except (SandboxError, ValueError) as e:
-            reason = f"lost when the daemon restarted: {e.message if isinstance(e, SandboxError) else e}"
-            self._lost(entry, reason)
+        except Exception as e:  # whatever one sandbox does, recovery ends its session and goes on
+            detail = e.message if isinstance(e, SandboxError) else f"{type(e).__name__}: {e}"
+            self._lost(entry, f"lost when the daemon restarted: {detail}")
             return False
         options = SessionOptions(
             pool=entry.pool,

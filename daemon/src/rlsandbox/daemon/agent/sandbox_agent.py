@@ -52,6 +52,8 @@ K_RESULT = 18
 K_ERROR = 19
 
 READ_CHUNK = 1 << 16
+DIAL_MIN = 0.02  # seconds before dialling the daemon again after a failed attempt or a lost daemon
+DIAL_MAX = 0.25  # ... doubling up to this: a restarted daemon finds every agent within it
 DRAIN_GRACE = 0.1  # seconds to wait for pipe EOF after the command's main process exited
 SHELL_KILL_GRACE = 1.0  # seconds a timed-out shell command gets before the whole shell is killed
 SCRATCH = "/tmp/.rlsandbox"
@@ -618,16 +620,21 @@ def _sh_quote(s):
 class Agent(object):
     """The agent's event loop.
 
-    Two transports: the container's stdin/stdout (``infd``/``outfd``), or a unix socket in a
-    folder bind-mounted from the host (``listener``), which bypasses dockerd and survives the
-    daemon going away: the agent then keeps its commands running and waits for a new connection.
+    Transports: the container's stdin/stdout (``infd``/``outfd``); a unix socket the daemon
+    listens on, in a host folder the sandbox sees read-only (``dial``: the agent connects, and
+    connects again whenever the daemon goes away and comes back); or, for tests, a listening
+    socket of its own (``listener``). With a socket the agent outlives the daemon: it keeps its
+    commands running and waits for the next connection.
     """
 
-    def __init__(self, infd=0, outfd=1, listener=None):
+    def __init__(self, infd=0, outfd=1, listener=None, dial=None):
         self.listener = listener
+        self.dial_path = dial
+        self.redial_at = 0.0
+        self.redial_delay = DIAL_MIN
         self.conn = None
         self.epoch = 0  # bumped when a daemon connection goes away (socket mode)
-        if listener is not None:
+        if listener is not None or dial is not None:
             infd = outfd = None
         self.infd = infd
         self.outfd = outfd
@@ -657,7 +664,7 @@ class Agent(object):
         if listener is not None:
             listener.setblocking(False)
             self.sel.register(listener, selectors.EVENT_READ, "accept")
-        else:
+        elif dial is None:
             self.sel.register(infd, selectors.EVENT_READ, "in")
 
     def _accept(self):
@@ -665,6 +672,25 @@ class Agent(object):
             conn, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
             return
+        self._attach(conn)
+
+    def _dial(self):
+        """Connect to the daemon's socket; on failure, try again a little later (up to DIAL_MAX)."""
+        import socket
+
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.connect(self.dial_path)
+        except OSError:  # no daemon listening yet (it restarts, or adopts others first)
+            sock.close()
+            self.redial_at = time.monotonic() + self.redial_delay
+            self.redial_delay = min(self.redial_delay * 2, DIAL_MAX)
+            return
+        self.redial_delay = DIAL_MIN
+        self._attach(sock)
+
+    def _attach(self, conn):
         if self.conn is not None:  # one daemon at a time: the newest connection wins
             self._drop_connection()
         conn.setblocking(False)
@@ -686,6 +712,7 @@ class Agent(object):
         self.infd = self.outfd = None
         del self.outbuf[:]
         self.epoch += 1
+        self.redial_at = time.monotonic() + DIAL_MIN
         orphans = list(self.commands.values())
         self.orphans.update(orphans)
         self.commands.clear()
@@ -719,6 +746,12 @@ class Agent(object):
                 n = os.write(self.outfd, self.outbuf)
             except (BlockingIOError, InterruptedError):
                 break
+            except OSError:
+                # The daemon went away mid-output (EPIPE, ECONNRESET): what it would have read is
+                # dropped, never fatal. Socket mode waits for the next daemon; stdio ends.
+                del self.outbuf[:]
+                self._hang_up()
+                return
             del self.outbuf[:n]
         self._update_out_interest()
 
@@ -932,6 +965,8 @@ class Agent(object):
 
     def _next_timeout(self):
         deadlines = [d for d in (c.next_deadline() for c in self._tracked()) if d is not None]
+        if self.dial_path is not None and self.conn is None:
+            deadlines.append(self.redial_at)
         if self.spawn_backlog:
             deadlines.append(time.monotonic() + 0.05)
         if not deadlines:
@@ -940,6 +975,8 @@ class Agent(object):
 
     def run(self):
         while self.running:
+            if self.dial_path is not None and self.conn is None and time.monotonic() >= self.redial_at:
+                self._dial()
             for key, events in self.sel.select(self._next_timeout()):
                 tag = key.data
                 if tag == "in":
@@ -1150,13 +1187,15 @@ def listen_unix(path):
 def main(argv=None):
     os.environ.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     argv = sys.argv[1:] if argv is None else argv
-    listener = None
+    listener = dial = None
     if argv[:1] == ["--socket"] and len(argv) == 2:
         listener = listen_unix(argv[1])
+    elif argv[:1] == ["--connect"] and len(argv) == 2:
+        dial = argv[1]
     elif argv:
-        sys.stderr.write("usage: sandbox_agent.py [--socket PATH]\n")
+        sys.stderr.write("usage: sandbox_agent.py [--socket PATH | --connect PATH]\n")
         return 2
-    agent = Agent(listener=listener)
+    agent = Agent(listener=listener, dial=dial)
     agent.run()
     return 0
 

@@ -1,41 +1,37 @@
-"""The agent's unix socket, in a folder bind-mounted from the host, as a ``ByteTransport``.
+"""The agent's unix socket as a ``ByteTransport``: the daemon listens, the agent dials in.
 
 Used for runc sandboxes: it bypasses dockerd and the containerd shim, which copy every byte of
 the attach stream (measured: about 0.6 ms of CPU per command between them), and it outlives a
 daemon or dockerd restart. gVisor keeps sockets made inside the sandbox to itself, so runsc
 sandboxes use the attach stream instead.
+
+The host side of the boundary (docs/RELIABILITY.md): each sandbox has a host folder that only the
+daemon writes, bind-mounted **read-only** into the container. The daemon's listening socket is
+the only thing in it. A program in the sandbox can connect to that socket (and is then just
+another client the daemon refuses unless it completes the handshake), but it cannot create,
+replace, redirect or fill anything on the host, so the daemon never opens, follows or removes a
+path a sandbox wrote. The agent dials the socket at start and again whenever its daemon goes
+away, so a restarted daemon re-creates the socket and its sandboxes come back to it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
+import os
+import socket
 from pathlib import Path
 
+from rlsandbox.daemon.agent.channel import AgentChannel
 from rlsandbox.daemon.errors import SandboxDied
 
 READ_SIZE = 1 << 18
-CONNECT_POLL = 0.005
 
 
 class UnixSocketTransport:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
         self._writer = writer
-
-    @classmethod
-    async def connect(cls, path: Path, timeout: float) -> UnixSocketTransport:
-        """Connect once the agent listens (it creates the socket a few ms after it starts)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                reader, writer = await asyncio.open_unix_connection(str(path), limit=READ_SIZE)
-                return cls(reader, writer)
-            except (FileNotFoundError, ConnectionRefusedError) as e:
-                if time.monotonic() > deadline:
-                    raise SandboxDied(f"the sandbox agent did not open {path} within {timeout:.0f} s: {e}") from None
-                await asyncio.sleep(CONNECT_POLL)
 
     async def send(self, data: bytes) -> None:
         self._writer.write(data)
@@ -52,3 +48,96 @@ class UnixSocketTransport:
         self._writer.close()
         with contextlib.suppress(Exception):
             await self._writer.wait_closed()
+
+
+def prepare_folder(folder: Path) -> None:
+    """The sandbox's host folder, made by the daemon (0700). An existing one (a restart) must be
+    a real folder, not a symlink: it is only ever written by the daemon."""
+    try:
+        folder.mkdir(parents=True, mode=0o700)
+    except FileExistsError:
+        if folder.is_symlink() or not folder.is_dir():
+            raise SandboxDied(f"its agent folder {folder} is not a plain folder") from None
+
+
+def remove_folder(folder: Path, name: str) -> None:
+    """Remove a sandbox's host folder: the socket and the folder, nothing followed (blocking; call
+    from a thread). The sandbox saw the folder read-only, so nothing else can be in it."""
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        os.unlink(folder / name)
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError, OSError):
+        os.rmdir(folder)
+
+
+class AgentListener:
+    """The daemon's listening socket for one sandbox's agent, until the agent has dialled in."""
+
+    def __init__(self, path: Path, server: asyncio.Server, queue: asyncio.Queue[UnixSocketTransport]) -> None:
+        self.path = path
+        self._server = server
+        self._queue = queue
+
+    @classmethod
+    async def open(cls, path: Path) -> AgentListener:
+        """Listen at ``path`` (in a folder only the daemon writes), replacing a stale socket."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        queue: asyncio.Queue[UnixSocketTransport] = asyncio.Queue(maxsize=16)
+
+        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                queue.put_nowait(UnixSocketTransport(reader, writer))
+            except asyncio.QueueFull:  # a sandbox flooding its own socket: refused
+                writer.close()
+
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o077)
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old)
+        server = await asyncio.start_unix_server(on_connect, sock=sock, limit=READ_SIZE)
+        return cls(path, server, queue)
+
+    async def next(self, timeout: float) -> UnixSocketTransport:
+        """The next connection (the agent's, or an impostor's the caller's handshake refuses)."""
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._queue.get()
+        except TimeoutError:
+            raise SandboxDied(f"the sandbox agent did not connect to {self.path} within {timeout:.1f} s") from None
+
+    async def close(self) -> None:
+        """Stop listening; connections not taken are closed. The socket file stays (the agent
+        finds nobody there until a daemon listens again)."""
+        self._server.close()
+        while not self._queue.empty():
+            await self._queue.get_nowait().close()
+
+
+HANDSHAKE_TIMEOUT = 2.0  # seconds for one connection to answer the daemon's ping
+
+
+async def accept_agent(listener: AgentListener, name: str, timeout: float) -> AgentChannel:
+    """The first connection to ``listener`` that completes the handshake, as a started channel.
+
+    A program inside the sandbox may dial the socket too (it is visible there). A connection that
+    resets, sends garbage, speaks another protocol or hangs is closed and the next one is taken;
+    the agent, which dials until it is answered, arrives among them.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last = "no connection"
+    while True:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise SandboxDied(f"its agent did not complete the handshake within {timeout:.1f} s (last: {last})")
+        transport = await listener.next(remaining)
+        channel = AgentChannel(transport, name=name)
+        try:
+            await channel.start(timeout=min(max(deadline - loop.time(), 0.05), HANDSHAKE_TIMEOUT))
+            return channel
+        except Exception as e:  # an impostor or a broken stream: refuse it, keep listening
+            last = f"{type(e).__name__}: {e}"
+            with contextlib.suppress(Exception):
+                await channel.close("handshake failed")

@@ -6,13 +6,12 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import shutil
 import time
 from pathlib import Path
 
 from rlsandbox.daemon.agent import AGENT_PATH
 from rlsandbox.daemon.agent.channel import AgentChannel
-from rlsandbox.daemon.agent.socket_transport import UnixSocketTransport
+from rlsandbox.daemon.agent.socket_transport import AgentListener, accept_agent, prepare_folder, remove_folder
 from rlsandbox.daemon.errors import SandboxDied, SandboxError
 from rlsandbox.daemon.journal import JournalEntry
 from rlsandbox.daemon.model import AgentMode, ExecRequest
@@ -68,6 +67,9 @@ class SandboxFactory:
         self.agent_path = agent_path
         self.socket_root = socket_root
         self.live: dict[str, str | None] = {}
+        # Containers whose removal failed or timed out: the reconciler retries them until gone.
+        self.unremoved: dict[str, str] = {}
+        self.remove_failures_total = 0
         self._remove_slots = asyncio.Semaphore(remove_concurrency)
 
     def labels(self, pool: str, session: str = "") -> dict[str, str]:
@@ -87,6 +89,7 @@ class SandboxFactory:
         self.live[name] = None
         cid: str | None = None
         channel: SandboxChannel | None = None
+        listener: AgentListener | None = None
         try:
             if cspec.agent is AgentMode.AUTO:
                 use_agent = await self.runtime.image_has_python(cspec.image, cspec.runtime)
@@ -95,7 +98,8 @@ class SandboxFactory:
             socket_dir = None
             if use_agent and self.socket_root is not None and cspec.runtime == "runc":
                 socket_dir = self.socket_root / name
-                socket_dir.mkdir(parents=True, mode=0o700)
+                prepare_folder(socket_dir)
+                listener = await AgentListener.open(socket_dir / AGENT_SOCKET)  # before the agent dials
             config = self.runtime.container_config(
                 cspec,
                 labels=self.labels(spec.name, session),
@@ -105,14 +109,11 @@ class SandboxFactory:
             )
             cid = await self.runtime.create_and_start(config, name=name)
             self.live[name] = cid
-            if socket_dir is not None:
-                transport = await UnixSocketTransport.connect(socket_dir / AGENT_SOCKET, spec.start_timeout)
-                channel = AgentChannel(transport, name=name)
-            elif use_agent:
-                channel = AgentChannel(await self.runtime.attach(cid), name=name)
+            if listener is not None:
+                channel = await accept_agent(listener, name, spec.start_timeout)
             else:
-                channel = ExecChannel(self.runtime, cid)
-            await channel.start(timeout=spec.start_timeout)
+                channel = AgentChannel(await self.runtime.attach(cid), name=name) if use_agent else ExecChannel(self.runtime, cid)
+                await channel.start(timeout=spec.start_timeout)
             sandbox = Sandbox(
                 container_id=cid,
                 name=name,
@@ -121,7 +122,7 @@ class SandboxFactory:
                 mode="agent" if use_agent else "exec",
                 runtime=cspec.runtime,
                 image=cspec.image,
-                transport="socket" if socket_dir is not None else "attach" if use_agent else "exec",
+                transport="dial" if socket_dir is not None else "attach" if use_agent else "exec",
             )
             for command in spec.setup:
                 result = await sandbox.exec(ExecRequest(shell=command, timeout=spec.setup_timeout, cwd=cspec.workdir))
@@ -136,6 +137,9 @@ class SandboxFactory:
         except BaseException:
             await asyncio.shield(self._remove(name, cid, channel, "failed setup"))
             raise
+        finally:
+            if listener is not None:
+                await listener.close()
 
     async def adopt(self, entry: JournalEntry, state: str | None, timeout: float = ADOPT_TIMEOUT) -> Sandbox:
         """Reconnect to a sandbox that an earlier life of this daemon handed out.
@@ -149,23 +153,28 @@ class SandboxFactory:
         if state != "running":
             raise SandboxDied(f"its container is {state}")
         channel: SandboxChannel
-        if entry.transport == "socket":
+        if entry.transport == "dial":
             if self.socket_root is None:
                 raise SandboxDied("its agent socket is not kept by this configuration (agent_socket_root is empty)")
-            path = self.socket_root / entry.container / AGENT_SOCKET
-            if not path.exists():
-                raise SandboxDied(f"its agent socket {path} is gone")
-            channel = AgentChannel(await UnixSocketTransport.connect(path, timeout), name=entry.container)
+            folder = self.socket_root / entry.container
+            prepare_folder(folder)
+            listener = await AgentListener.open(folder / AGENT_SOCKET)
+            try:
+                channel = await accept_agent(listener, entry.container, timeout)
+            finally:
+                await listener.close()
         elif entry.transport == "exec":
             channel = ExecChannel(self.runtime, entry.container_id)
+            try:
+                await channel.start(timeout=timeout)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await channel.close("adoption failed")
+                raise
+        elif entry.transport == "socket":
+            raise SandboxDied("its agent listened in a host folder the sandbox could write (an earlier version): not trusted")
         else:
             raise SandboxDied("its agent spoke over the container's attach stream, which ended with the daemon")
-        try:
-            await channel.start(timeout=timeout)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await channel.close("adoption failed")
-            raise
         self.live[entry.container] = entry.container_id
         return Sandbox(
             container_id=entry.container_id,
@@ -213,10 +222,17 @@ class SandboxFactory:
                     await channel.close(reason)
             async with self._remove_slots:  # the deadline starts once the engine is asked
                 await self.runtime.remove(cid or name, timeout=REMOVE_TIMEOUT)
+            self.unremoved.pop(name, None)
         except SandboxError as e:
-            # Left for the reconciler, which removes what the daemon no longer knows.
-            log.warning("could not remove sandbox %s (%s): %s", name, reason, e)
+            # The reconciler retries it (``unremoved``) until the engine confirms it is gone.
+            self.unremoved[name] = cid or name
+            self.remove_failures_total += 1
+            log.warning("could not remove sandbox %s (%s), will retry: %s", name, reason, e)
         finally:
             self.live.pop(name, None)
-            if self.socket_root is not None:
-                shutil.rmtree(self.socket_root / name, ignore_errors=True)
+            await self.remove_folder(name)
+
+    async def remove_folder(self, name: str) -> None:
+        """A sandbox's host folder, off the event loop."""
+        if self.socket_root is not None:
+            await asyncio.to_thread(remove_folder, self.socket_root / name, AGENT_SOCKET)

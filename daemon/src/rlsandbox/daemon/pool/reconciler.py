@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
 import time
 
 from rlsandbox.daemon.errors import SandboxError
@@ -13,6 +12,7 @@ from rlsandbox.daemon.pool.factory import SandboxFactory
 from rlsandbox.daemon.runtime.docker import LABEL_CREATED, LABEL_MANAGED, LABEL_OWNER
 
 log = logging.getLogger(__name__)
+RETRY_INTERVAL = 5.0  # seconds between sweeps while a removal that failed is still pending
 
 
 class Reconciler:
@@ -43,12 +43,20 @@ class Reconciler:
             if c.name in self._factory.live:
                 continue
             created = float(c.labels.get(LABEL_CREATED) or c.created or 0)
-            if now - created < grace:
+            if now - created < grace and c.name not in self._factory.unremoved:
                 continue
-            if await runtime.remove(c.id):
-                removed.append(c.name)
-            if self._factory.socket_root is not None:  # its agent's socket folder, if it had one
-                shutil.rmtree(self._factory.socket_root / c.name, ignore_errors=True)
+            try:
+                if await runtime.remove(c.id):
+                    removed.append(c.name)
+            except SandboxError as e:  # one stuck container never stops the sweep of the others
+                log.warning("orphan %s: remove failed, will retry: %s", c.name, e)
+                continue
+            self._factory.unremoved.pop(c.name, None)
+            await self._factory.remove_folder(c.name)
+        listed = {c.name for c in owned}
+        for name in [n for n in self._factory.unremoved if n not in listed]:
+            self._factory.unremoved.pop(name, None)  # the engine no longer lists it: gone
+        await self._sweep_folders(listed)
         if removed:
             self.removed_total += len(removed)
             log.warning(
@@ -59,11 +67,23 @@ class Reconciler:
             )
         return removed
 
+    async def _sweep_folders(self, listed: set[str]) -> None:
+        """Socket folders of sandboxes that no longer exist (a container gone while no daemon ran)."""
+        root = self._factory.socket_root
+        if root is None:
+            return
+        names = await asyncio.to_thread(lambda: [p.name for p in root.iterdir()] if root.is_dir() else [])
+        for name in names:
+            if name not in listed and name not in self._factory.live:
+                await self._factory.remove_folder(name)
+
     async def run(self) -> None:
         """Periodic sweeps until :meth:`stop`."""
         while not self._stop.is_set():
+            # Removals that failed are retried soon, not a whole interval later.
+            interval = min(self._interval, RETRY_INTERVAL) if self._factory.unremoved else self._interval
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._interval):
+                async with asyncio.timeout(interval):
                     await self._stop.wait()
             if self._stop.is_set():
                 return

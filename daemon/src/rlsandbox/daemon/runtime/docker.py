@@ -228,9 +228,10 @@ class DockerRuntime:
             assert agent_path is not None
             host["Binds"] = [f"{agent_path}:{AGENT_MOUNT}:ro"]
             if socket_dir is not None:
-                # The agent listens on a unix socket in a host folder: no stdin, no attach.
-                host["Binds"].append(f"{socket_dir}:{SOCKET_MOUNT}:rw")
-                config.update(Cmd=["python3", "-u", AGENT_MOUNT, "--socket", f"{SOCKET_MOUNT}/{AGENT_SOCKET}"], Entrypoint=[])
+                # The agent dials the daemon's unix socket in a host folder that the sandbox sees
+                # read-only (nothing it does lands on the host): no stdin, no attach.
+                host["Binds"].append(f"{socket_dir}:{SOCKET_MOUNT}:ro")
+                config.update(Cmd=["python3", "-u", AGENT_MOUNT, "--connect", f"{SOCKET_MOUNT}/{AGENT_SOCKET}"], Entrypoint=[])
             else:
                 config.update(
                     Cmd=["python3", "-u", AGENT_MOUNT],
