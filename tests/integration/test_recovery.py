@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -81,6 +82,28 @@ async def daemon_process(config: Path, notify_path: Path) -> AsyncIterator[async
             await asyncio.wait_for(proc.wait(), 60)
 
 
+IMPOSTOR = """
+import socket, struct, time
+held = []
+while True:
+    for mode in ("garbage", "reset", "hold"):
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect("/.rlsandbox/sock/agent.sock")
+            if mode == "garbage":
+                s.sendall(b"\\xff" * 64)
+            elif mode == "reset":
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.close()
+            else:
+                held.append(s)
+                del held[:-200]
+        except OSError:
+            pass
+    time.sleep(0.005)
+"""
+
+
 async def _container_of(session: object) -> str:
     return (await session.exec("cat /etc/hostname")).stdout.decode().strip()  # type: ignore[attr-defined]
 
@@ -121,6 +144,10 @@ async def test_sigkilled_daemon_restarts_and_readopts_its_sessions(
         assert (await box.exec("echo kept > /tmp/box.txt")).exit_code == 0
         doomed = await client.create_session("python")
         doomed_container = await _container_of(doomed)
+        # A sandbox that attacks its agent socket: garbage, resets and held connections, forever.
+        hostile = await client.create_session("python")
+        flood = await hostile.exec(f"nohup python3 -c {shlex.quote(IMPOSTOR)} >/dev/null 2>&1 &")
+        assert flood.exit_code == 0
         py_container = await _container_of(py)
         in_flight = asyncio.create_task(py.exec("sleep 77"))
         await asyncio.sleep(0.5)
@@ -143,6 +170,9 @@ async def test_sigkilled_daemon_restarts_and_readopts_its_sessions(
         assert "sleep 77" not in procs, "the command in flight at the crash was not cancelled"
         assert (await client.exec(py.id, "cat /etc/hostname")).stdout.decode().strip() == py_container
         assert (await client.exec(box.id, "cat /tmp/box.txt")).stdout == b"kept\n"
+        # The hostile sandbox did not stop the node from starting; its own agent still won.
+        assert (await client.exec(hostile.id, "echo adopted")).stdout == b"adopted\n"
+        assert await client.close_session(hostile.id)
         info = await client.get_session(py.id)
         assert info.state == "ready" and info.labels["run"] == "crash"
 

@@ -116,28 +116,59 @@ class AgentListener:
 
 
 HANDSHAKE_TIMEOUT = 2.0  # seconds for one connection to answer the daemon's ping
+MAX_HANDSHAKES = 64  # connections tried at once; more are closed at once (a sandbox flooding its socket)
 
 
 async def accept_agent(listener: AgentListener, name: str, timeout: float) -> AgentChannel:
     """The first connection to ``listener`` that completes the handshake, as a started channel.
 
-    A program inside the sandbox may dial the socket too (it is visible there). A connection that
-    resets, sends garbage, speaks another protocol or hangs is closed and the next one is taken;
-    the agent, which dials until it is answered, arrives among them.
+    A program inside the sandbox may dial the socket too (it is visible there). Connections are
+    tried at once, each with its own short deadline: one that resets, sends garbage, speaks
+    another protocol or hangs is closed, and cannot hold up the agent, which dials until answered.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     last = "no connection"
-    while True:
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            raise SandboxDied(f"its agent did not complete the handshake within {timeout:.1f} s (last: {last})")
-        transport = await listener.next(remaining)
+    attempts: set[asyncio.Task[AgentChannel]] = set()
+
+    async def attempt(transport: UnixSocketTransport) -> AgentChannel:
         channel = AgentChannel(transport, name=name)
         try:
-            await channel.start(timeout=min(max(deadline - loop.time(), 0.05), HANDSHAKE_TIMEOUT))
+            await channel.start(timeout=HANDSHAKE_TIMEOUT)
             return channel
-        except Exception as e:  # an impostor or a broken stream: refuse it, keep listening
-            last = f"{type(e).__name__}: {e}"
+        except BaseException:
             with contextlib.suppress(Exception):
                 await channel.close("handshake failed")
+            raise
+
+    getter: asyncio.Task[UnixSocketTransport] = loop.create_task(listener.next(timeout))
+    try:
+        while True:
+            remaining = deadline - loop.time()
+            done, _ = await asyncio.wait({getter, *attempts}, timeout=max(remaining, 0), return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                raise SandboxDied(f"its agent did not complete the handshake within {timeout:.1f} s (last: {last})")
+            for task in done:
+                if task is getter:
+                    transport = getter.result()  # SandboxDied when nobody connected in time
+                    if len(attempts) < MAX_HANDSHAKES:
+                        attempts.add(loop.create_task(attempt(transport)))
+                    else:
+                        await transport.close()
+                    getter = loop.create_task(listener.next(max(deadline - loop.time(), 0.01)))
+                    continue
+                attempts.discard(task)  # type: ignore[arg-type]
+                error = task.exception()
+                if error is None:
+                    return task.result()  # type: ignore[return-value]
+                last = f"{type(error).__name__}: {error}"
+    finally:
+        getter.cancel()
+        for task in attempts:
+            task.cancel()
+        leftovers = await asyncio.gather(getter, *attempts, return_exceptions=True)
+        for item in leftovers:  # a handshake that finished while another won: not needed
+            if isinstance(item, AgentChannel):
+                await item.close("another connection won the handshake")
+            elif isinstance(item, UnixSocketTransport):
+                await item.close()
