@@ -184,3 +184,27 @@ async def test_hardened_defaults(node: NodeDaemon, hc: AsyncClient) -> None:
         raw = await s.exec(["python3", "-c", "import socket; socket.socket(socket.AF_PACKET, socket.SOCK_RAW)"])
         assert raw.exit_code != 0 and b"PermissionError" in raw.stderr  # no NET_RAW
         assert (await s.exec("mknod /tmp/dev c 1 3")).exit_code != 0  # no MKNOD
+
+
+async def test_special_files_never_wedge_the_agent(node: NodeDaemon, hc: AsyncClient) -> None:
+    """FIFOs, devices and sockets are refused without blocking; a path 2,500 folders deep is that
+    file's error; a FIFO planted where the agent writes its temporary file is replaced. The session
+    answers throughout, and every call returns well within its deadline."""
+    async with hc.session("python") as s:
+        made = await s.exec(
+            "mkfifo /tmp/fifo && python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"/tmp/sock\")' "
+            "&& mkfifo /tmp/target.txt.rls-tmp-1"
+        )
+        assert made.exit_code == 0, made.stderr
+        started = time.monotonic()
+        got = await s.read_files(["/tmp/fifo", "/dev/zero", "/tmp/sock", "/etc/hostname"])
+        assert got["/tmp/fifo"].error and "regular file" in got["/tmp/fifo"].error
+        assert got["/dev/zero"].error and got["/tmp/sock"].error
+        assert got["/etc/hostname"].error is None and got["/etc/hostname"].data
+        deep = "/tmp/" + "/".join(["d"] * 1900) + "/f.txt"  # 1,900 folders: os.makedirs would recurse past its limit
+        await s.write_files({deep: "deep"})
+        assert (await s.read_files([deep]))[deep].data == b"deep"
+        await s.write_files({"/tmp/target.txt": "over the fifo", "/tmp/ok.txt": "fine"})
+        assert time.monotonic() - started < 10
+        assert (await s.exec("cat /tmp/target.txt /tmp/ok.txt")).stdout == b"over the fifofine"
+        assert (await hc.get_session(s.id)).state == "ready"

@@ -898,6 +898,8 @@ class Agent(object):
             self.error(rid, "bad_request", "%s: %s" % (type(e).__name__, e))
         except OSError as e:
             self.error(rid, "os_error", "%s: %s" % (e.strerror or type(e).__name__, e.filename or ""))
+        except Exception as e:  # one request's failure is that request's answer, never the agent's end
+            self.error(rid, "bad_request", "%s: %s" % (type(e).__name__, str(e)[:500]))
 
     def _exec(self, rid, req, stdin):
         if rid in self.commands:
@@ -1081,10 +1083,10 @@ def _write_files(req, body):
         try:
             parent = os.path.dirname(path)
             if parent and spec.get("mkdir", True):
-                os.makedirs(parent, exist_ok=True)
+                _makedirs(parent)
             mode = int(spec.get("mode", 0o644))
             tmp = "%s.rls-tmp-%d" % (path, os.getpid())
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            fd = _create_new(tmp, mode)
             try:
                 while len(data):
                     n = os.write(fd, data)
@@ -1096,9 +1098,58 @@ def _write_files(req, body):
             results.append({"path": path, "ok": True})
         except OSError as e:
             results.append({"path": path, "ok": False, "error": "%s" % (e.strerror or e)})
+        except Exception as e:  # one bad path is that file's error, never the agent's end
+            results.append({"path": path, "ok": False, "error": "%s: %s" % (type(e).__name__, e)})
     if offset != len(body):
         raise ValueError("file sizes add up to %d bytes but the body has %d" % (offset, len(body)))
     return {"files": results}
+
+
+def _makedirs(path):
+    """os.makedirs without recursion (a path thousands of folders deep is an error, not a crash)."""
+    missing = []
+    while path and path != "/" and not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder)
+        except FileExistsError:
+            if not os.path.isdir(folder):
+                raise
+
+
+def _create_new(path, mode):
+    """A new file at ``path``, never an existing one: whatever a command left there (a FIFO that
+    would block the agent's open, a symlink) is removed first."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(path, flags, mode)
+    except FileExistsError:
+        os.unlink(path)
+        return os.open(path, flags, mode)
+
+
+def _read_regular(path, cap):
+    """(data, size, truncated) of a regular file. Opened without blocking: a FIFO, device or
+    socket would wedge the single-threaded agent, so anything but a regular file is refused."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat_mod.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or socket is not read)")
+        parts = []
+        got = 0
+        while got <= cap:
+            chunk = os.read(fd, min(cap + 1 - got, 1 << 20))
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+        data = b"".join(parts)
+        return data[:cap], max(st.st_size, len(data)), len(data) > cap
+    finally:
+        os.close(fd)
 
 
 def _read_files(req):
@@ -1107,14 +1158,13 @@ def _read_files(req):
     chunks = []
     for path in req["paths"]:
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                data = f.read(cap)
-                truncated = len(data) == cap and f.read(1) != b""
+            data, size, truncated = _read_regular(path, cap)
             chunks.append(data)
-            out.append({"path": path, "ok": True, "size": max(size, len(data)), "length": len(data), "truncated": truncated})
+            out.append({"path": path, "ok": True, "size": size, "length": len(data), "truncated": truncated})
         except OSError as e:
             out.append({"path": path, "ok": False, "error": e.strerror or str(e), "length": 0})
+        except Exception as e:
+            out.append({"path": path, "ok": False, "error": "%s: %s" % (type(e).__name__, e), "length": 0})
     return {"files": out}, b"".join(chunks)
 
 
