@@ -217,3 +217,52 @@ def test_daemon_is_healthy_after_the_fuzzing(live_session: tuple[grpc.Channel, s
     for s in listing.sessions:
         close(pb.CloseSessionRequest(session_id=s.session_id), timeout=60)
     assert os.getpid() > 0
+
+
+@pytest.mark.parametrize("method", [m.name for m in SERVICE.methods])
+def test_undecodable_requests_are_invalid_argument(live_session: tuple[grpc.Channel, str], method: str) -> None:
+    """Corrupt wire bytes and invalid UTF-8 in a string field: INVALID_ARGUMENT saying what to do."""
+    channel, _ = live_session
+    m = SERVICE.methods_by_name[method]
+    identity = {"request_serializer": lambda b: b, "response_deserializer": lambda b: b}
+    path = f"/rlsandbox.v1.SandboxService/{method}"
+    first_string = next((f for f in m.input_type.fields if f.type == FieldDescriptor.TYPE_STRING), None)
+    bad_utf8 = bytes([(first_string.number << 3) | 2, 2, 0xFF, 0xFE]) if first_string else b"\xff\xff\xff"
+    for raw in (b"\xff\xff\xff\xff\x0f", bad_utf8):
+        call = channel.unary_stream(path, **identity) if m.server_streaming else channel.unary_unary(path, **identity)
+        with pytest.raises(grpc.RpcError) as err:
+            result = call(raw, timeout=20)
+            if m.server_streaming:
+                list(result)
+        if m.input_type.fields or raw == bad_utf8:
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, err.value.code(), err.value.details())
+            assert "could not be decoded" in (err.value.details() or "")
+
+
+def test_oversized_fields_are_named_not_echoed(live_session: tuple[grpc.Channel, str]) -> None:
+    channel, _ = live_session
+    get = channel.unary_unary(
+        "/rlsandbox.v1.SandboxService/GetSession",
+        request_serializer=pb.GetSessionRequest.SerializeToString,
+        response_deserializer=pb.Session.FromString,
+    )
+    huge = "z" * (1 << 20)
+    with pytest.raises(grpc.RpcError) as err:
+        get(pb.GetSessionRequest(session_id=huge), timeout=20)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = err.value.details() or ""
+    assert "GetSessionRequest.session_id" in details and "256" in details and len(details) < 500
+    create = channel.unary_unary(
+        "/rlsandbox.v1.SandboxService/CreateSession",
+        request_serializer=pb.CreateSessionRequest.SerializeToString,
+        response_deserializer=pb.Session.FromString,
+    )
+    for request, field in (
+        (pb.CreateSessionRequest(pool="python", labels={"big": "v" * (10 << 20)}), "labels"),
+        (pb.CreateSessionRequest(pool="python", env={"BIG": "v" * (10 << 20)}), "env"),
+        (pb.CreateSessionRequest(pool="python", labels={f"k{i}": "v" for i in range(1000)}), "labels"),
+    ):
+        with pytest.raises(grpc.RpcError) as err:
+            create(request, timeout=20)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in (err.value.details() or "")
+        assert len(err.value.details() or "") < 500

@@ -25,6 +25,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from rlsandbox.daemon import __version__
 from rlsandbox.daemon.api.auth import BearerTokenInterceptor, load_tokens, server_credentials
+from rlsandbox.daemon.api.edge import EdgeInterceptor
 from rlsandbox.daemon.api.servicer import SandboxServicer
 from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.errors import SandboxError, Unavailable
@@ -110,7 +111,9 @@ class NodeDaemon:
         return f"unix:{self.config.listen_unix}"
 
     def _grpc_server(self, options: list[tuple[str, Any]], tokens: list[bytes] | None) -> grpc.aio.Server:
-        interceptors = [BearerTokenInterceptor(tokens)] if tokens else []
+        # Authentication first (nothing of an unauthenticated call is looked at), then the edge.
+        interceptors: list[grpc.aio.ServerInterceptor] = [BearerTokenInterceptor(tokens)] if tokens else []
+        interceptors.append(EdgeInterceptor())
         server = grpc.aio.server(options=options, interceptors=interceptors)
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(self.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
