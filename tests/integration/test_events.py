@@ -416,3 +416,46 @@ async def test_nats_credentials(tmp_path: Path, images: dict[str, str], method: 
 async def _has_closed(store: Store, sid: str) -> bool:
     timeline = await asyncio.to_thread(store.timeline, sid)
     return bool(timeline) and timeline[-1]["type"] == "closed"
+
+
+async def test_no_event_can_block_the_others(tmp_path: Path) -> None:
+    """A server that accepts 64 KB messages: events with a 200 KB field are cut to fit (with a
+    note), also those made before the publisher learned the server's limit; a message in the
+    outbox that is not an event it can read (left by something else) is dead-lettered, counted
+    and alerted, while everything behind it goes out."""
+    from rlsandbox.daemon.events.model import STEP, Event
+    from rlsandbox.daemon.events.outbox import Outbox
+    from rlsandbox.daemon.events.publisher import EventPublisher
+
+    conf = tmp_path / "nats.conf"
+    conf.write_text("max_payload: 65536\n")
+    server = NatsServer(tmp_path / "jetstream", extra_args=["-c", str(conf)])
+    await server.start()
+    outbox_path = tmp_path / "outbox.sqlite3"
+    stale = Outbox(outbox_path, 16 << 20)
+    big = Event("created", "n1", "old", 1, {"blob": "x" * 300_000})
+    stale.append([(big.subject, big.msg_id, b"not an event " * 30_000, 1)])
+    stale.close()
+    publisher = EventPublisher(
+        "n1", "i1", nats_url=server.url, outbox_path=outbox_path, outbox_max_bytes=16 << 20, heartbeat_interval=0
+    )
+    try:
+        nc = await nats.connect(server.url)
+        js = nc.jetstream()
+        await publisher.start()
+        publisher.emit(Event("created", "n1", "s1", 1, {"pool": "python", "huge": "y" * 200_000}, {"run": "cut"}))
+        for seq in range(2, 12):
+            publisher.emit(Event(STEP, "n1", "s1", seq, {"argv": ["true"], "out": "z" * 20_000}))
+        await eventually(lambda: asyncio.sleep(0, publisher.stats().published_total >= 12), what="everything behind the bad one")
+        stats = publisher.stats()
+        assert stats.dead_lettered_total == 1 and stats.cut_total >= 1, stats
+        assert publisher.outbox.dead_letters()[0][1] == big.msg_id
+        created = await js.get_last_msg(STREAM, f"rlsandbox.v1.{token('n1')}.session.s1.created")
+        doc = json.loads(created.data)
+        assert doc["data"]["cut"]["fields"] == ["huge"] and doc["data"]["pool"] == "python"
+        alert = json.loads((await js.get_last_msg(STREAM, f"rlsandbox.v1.{token('n1')}.node.alert")).data)
+        assert alert["data"]["kind"] == "dead_letter" and alert["data"]["msg_id"] == big.msg_id
+        await nc.close()
+    finally:
+        await publisher.stop()
+        await server.stop()

@@ -77,6 +77,14 @@ class Event:
             return f"{self.session}:{self.seq}"
         return f"{self.node}/{self.instance}:{self.seq}"
 
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Event:
+        """An event decoded by ``decode``/``decode_all`` (node events keep their instance)."""
+        data = dict(doc["data"])
+        return cls(
+            doc["type"], doc["node"], doc["session"], doc["seq"], data, dict(doc["labels"]), doc["ts"], data.get("instance", "")
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "v": VERSION,
@@ -89,8 +97,31 @@ class Event:
             "data": self.data,
         }
 
-    def to_json(self) -> bytes:
-        return orjson.dumps(self.to_dict())
+    def to_json(self, limit: int = 0) -> bytes:
+        """The event as JSON; with ``limit``, at most that many bytes: what does not fit is cut."""
+        payload = orjson.dumps(self.to_dict())
+        if limit and len(payload) > limit:
+            return orjson.dumps(self.fitted(len(payload), limit).to_dict())
+        return payload
+
+    def fitted(self, size: int, limit: int) -> Event:
+        """This event with its large parts cut to fit ``limit`` bytes, and a note saying so
+        (``data.cut``: the original size and what was cut). Labels are bounded at the API."""
+        budget = max(limit // 4, 256)
+        data: dict[str, Any] = {}
+        cut: list[str] = []
+        for key, value in self.data.items():
+            encoded = orjson.dumps(value)
+            if len(encoded) > budget:
+                cut.append(key)
+                data[key] = f"<cut: {len(encoded)} bytes>"
+            else:
+                data[key] = value
+        data["cut"] = {"original_bytes": size, "fields": cut}
+        fitted = Event(self.type, self.node, self.session, self.seq, data, dict(self.labels), self.ts, self.instance)
+        if len(orjson.dumps(fitted.to_dict())) > limit:  # still too big: only the identity and the note
+            fitted.data = {"cut": {"original_bytes": size, "fields": sorted(self.data)}}
+        return fitted
 
 
 def steps_subject(node: str) -> str:
@@ -100,7 +131,13 @@ def steps_subject(node: str) -> str:
 
 def batch_payload(node: str, events: list[Event]) -> bytes:
     """Several step events in one message: ``{"v": 1, "type": "batch", "node": ..., "events": [...]}``."""
-    return orjson.dumps({"v": VERSION, "type": BATCH, "node": node, "events": [e.to_dict() for e in events]})
+    return batch_of(node, [e.to_json() for e in events])
+
+
+def batch_of(node: str, encoded: list[bytes]) -> bytes:
+    """A batch message from events already encoded (each serialized once, on the hot path)."""
+    head = b'{"v":%d,"type":"%s","node":%s,"events":[' % (VERSION, BATCH.encode(), orjson.dumps(node))
+    return head + b",".join(encoded) + b"]}"
 
 
 def _check(doc: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 
@@ -28,6 +29,13 @@ class Outbox:
             "CREATE TABLE IF NOT EXISTS outbox "
             "(id INTEGER PRIMARY KEY, subject TEXT NOT NULL, msg_id TEXT NOT NULL, payload BLOB NOT NULL, "
             "events INTEGER NOT NULL DEFAULT 1)"
+        )
+        # Messages NATS refused for their content (too large for the server, say): kept for
+        # inspection, never retried, so that they cannot block what comes after them.
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS dead_letter "
+            "(id INTEGER PRIMARY KEY, subject TEXT NOT NULL, msg_id TEXT NOT NULL, payload BLOB NOT NULL, "
+            "events INTEGER NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL)"
         )
         row = self._db.execute("SELECT COALESCE(SUM(events), 0), COALESCE(SUM(LENGTH(payload)), 0) FROM outbox").fetchone()
         self.count, self.bytes = int(row[0]), int(row[1])
@@ -69,6 +77,21 @@ class Outbox:
             self._db.execute("DELETE FROM outbox WHERE id <= ?", (row_id,))
             self.count -= int(row[0])
             self.bytes -= int(row[1])
+
+    def dead_letter(self, record: tuple[str, str, bytes, int], reason: str) -> None:
+        """Keep a refused message apart (at most the first MiB of its payload)."""
+        subject, msg_id, payload, events = record
+        with self._lock, self._db:
+            self._db.execute(
+                "INSERT INTO dead_letter (subject, msg_id, payload, events, reason, at) VALUES (?, ?, ?, ?, ?, ?)",
+                (subject, msg_id, payload[: 1 << 20], events, reason[:1000], time.time()),
+            )
+
+    def dead_letters(self) -> list[tuple[str, str, int, str]]:
+        """(subject, msg_id, events, reason) of every dead-lettered message, oldest first."""
+        with self._lock:
+            rows = self._db.execute("SELECT subject, msg_id, events, reason FROM dead_letter ORDER BY id").fetchall()
+        return [(str(r[0]), str(r[1]), int(r[2]), str(r[3])) for r in rows]
 
     def close(self) -> None:
         with self._lock:

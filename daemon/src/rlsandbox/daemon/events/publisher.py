@@ -27,6 +27,7 @@ from typing import Any
 import nats
 import nats.errors
 import nats.js.errors
+import orjson
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import StorageType, StreamConfig
@@ -39,7 +40,8 @@ from rlsandbox.daemon.events.model import (
     STREAM,
     STREAM_SUBJECTS,
     Event,
-    batch_payload,
+    batch_of,
+    decode_all,
     steps_subject,
 )
 from rlsandbox.daemon.events.outbox import Outbox
@@ -47,6 +49,10 @@ from rlsandbox.daemon.events.outbox import Outbox
 log = logging.getLogger(__name__)
 
 BATCH = 512
+# No message is larger than this (NATS's default max_payload is 1 MiB; a server that accepts less
+# lowers it at connect): an event that would be larger is cut to fit, with a note.
+MAX_MESSAGE_BYTES = 256 << 10
+BATCH_OVERHEAD = 256  # the batch envelope around step events
 MEMORY_QUEUE_LIMIT = 50_000  # beyond this many unpublished events in memory, spill to the outbox
 
 
@@ -60,6 +66,8 @@ class PublisherStats:
     outbox_max_bytes: int
     dropped_total: int
     last_error: str
+    cut_total: int = 0
+    dead_lettered_total: int = 0
 
 
 async def ensure_stream(js: Any, stream: str = STREAM) -> None:
@@ -145,6 +153,10 @@ class EventPublisher:
         self._node_seq = 0
         self.published_total = 0
         self.dropped_total = 0
+        self.cut_total = 0  # events cut to fit a message
+        self.dead_lettered_total = 0  # messages NATS refused for their content, kept apart
+        self.event_limit = MAX_MESSAGE_BYTES
+        self._refused = ""  # why NATS refused the last batch for its content, if it did
         self._dropped_unreported = 0
         self.last_error = ""
 
@@ -203,6 +215,8 @@ class EventPublisher:
             outbox_max_bytes=self.outbox.max_bytes,
             dropped_total=self.dropped_total,
             last_error=self.last_error,
+            cut_total=self.cut_total,
+            dead_lettered_total=self.dead_lettered_total,
         )
 
     # -- connection -----------------------------------------------------------------------------
@@ -239,6 +253,9 @@ class EventPublisher:
                         await nc.close()
                 await asyncio.sleep(1.0)
         self._js = self._nc.jetstream(timeout=self.publish_timeout)
+        server_max = int(getattr(self._nc, "max_payload", 0) or 0)
+        if server_max:
+            self.event_limit = min(MAX_MESSAGE_BYTES, server_max - 1024)
         await self._assert_stream()
 
     async def _assert_stream(self) -> None:
@@ -305,7 +322,8 @@ class EventPublisher:
             if self._queue:
                 await self._to_outbox([self._queue.popleft() for _ in range(min(len(self._queue), BATCH * 8))])
             rows = await asyncio.to_thread(self.outbox.peek, BATCH)
-            if rows and await self._publish([(s, m, p, n) for _, s, m, p, n in rows]):
+            records = [(s, m, p, n) for _, s, m, p, n in rows]
+            if rows and (await self._publish(records) or await self._dead_letter_refused(records)):
                 await asyncio.to_thread(self.outbox.remove_through, rows[-1][0])
             elif rows:
                 await asyncio.sleep(0.5)
@@ -315,7 +333,8 @@ class EventPublisher:
             return
         batch = [self._queue.popleft() for _ in range(min(len(self._queue), BATCH))]
         try:
-            published = not batch or await self._publish(self._records(batch))
+            records = self._records(batch) if batch else []
+            published = not batch or await self._publish(records) or await self._dead_letter_refused(records)
         except asyncio.CancelledError:
             # Stopping mid-publish: put the batch back in front, for stop() to keep in the outbox
             # (what was acknowledged already is dropped as a duplicate when it is replayed).
@@ -326,28 +345,44 @@ class EventPublisher:
 
     def _records(self, events: list[Event]) -> list[tuple[str, str, bytes, int]]:
         """Messages for ``events``, in order: runs of consecutive step events (one or more) become
-        batch messages of up to ``step_batch`` (one message per step costs ~4x the CPU end to end,
-        measured); every other event is a message on its own session subject."""
+        batch messages of up to ``step_batch`` events and ``event_limit`` bytes (one message per
+        step costs ~4x the CPU end to end, measured); every other event is a message on its own
+        session subject. No message exceeds ``event_limit``: an event that would is cut to fit,
+        with a note (``Event.fitted``)."""
         records: list[tuple[str, str, bytes, int]] = []
-        run: list[Event] = []
+        run: list[bytes] = []
+        run_bytes = 0
+        limit = self.event_limit
 
         def flush() -> None:
+            nonlocal run_bytes
             # Even a run of one goes out as a batch: with batching on, steps are always on
             # rlsandbox.v1.<node>.steps, where subscribers look for them.
             if run:
                 self._batch_seq += 1
                 msg_id = f"{self.node_id}/{self.instance}:batch:{self._batch_seq}"
-                records.append((steps_subject(self.node_id), msg_id, batch_payload(self.node_id, run), len(run)))
+                records.append((steps_subject(self.node_id), msg_id, batch_of(self.node_id, run), len(run)))
             run.clear()
+            run_bytes = 0
 
         for e in events:
+            payload = e.to_json()
+            if len(payload) > limit - BATCH_OVERHEAD:
+                self.cut_total += 1
+                log.warning(
+                    "events: %s event of %s is %d bytes; cut to fit %d", e.type, e.session or "the node", len(payload), limit
+                )
+                payload = orjson.dumps(e.fitted(len(payload), limit - BATCH_OVERHEAD).to_dict())
             if e.type == STEP and e.session and self.step_batch > 1:
-                run.append(e)
+                if run and run_bytes + len(payload) + BATCH_OVERHEAD > limit:
+                    flush()
+                run.append(payload)
+                run_bytes += len(payload) + 1
                 if len(run) >= self.step_batch:
                     flush()
             else:
                 flush()
-                records.append((e.subject, e.msg_id, e.to_json(), 1))
+                records.append((e.subject, e.msg_id, payload, 1))
         flush()
         return records
 
@@ -373,7 +408,13 @@ class EventPublisher:
                     await self._nc.publish(subject, payload, reply=prefix + str(i), headers={"Nats-Msg-Id": msg_id})
                 await state.done.wait()
             if state.error:
+                if _content_refusal(state.error):
+                    self._refused = state.error
                 raise nats.js.errors.Error(state.error)
+        except nats.errors.MaxPayloadError as e:
+            self._refused = f"{type(e).__name__}: {e}"
+            self.last_error = f"NATS refused a message for its size ({e})"
+            return False
         except (TimeoutError, nats.errors.Error, nats.js.errors.Error, OSError) as e:
             self.last_error = f"publish failed ({type(e).__name__}: {e}); batch kept in the outbox"
             log.warning("events: %s", self.last_error)
@@ -382,6 +423,66 @@ class EventPublisher:
             self._acks.pop(batch_no, None)
         self.published_total += sum(r[3] for r in records)
         return True
+
+    async def _dead_letter_refused(self, records: list[tuple[str, str, bytes, int]]) -> bool:
+        """After NATS refused a batch for its content (not for an outage): send its messages one by
+        one, each refused one again cut to the server's limit (it may be lower than when the
+        message was made), and keep what still cannot go apart (dead letters: counted, stored,
+        alerted), so that no message can block the ones behind it. False when the failure was not
+        about content: the caller keeps the batch (what went out dedups on replay)."""
+        if not self._refused:
+            return False
+        for record in records:
+            self._refused = ""
+            if await self._publish([record]):
+                continue
+            if not self._refused:
+                return False
+            reason = self._refused
+            refit = self._refit(record)
+            self._refused = ""
+            if refit and await self._publish(refit):
+                continue
+            if refit and not self._refused:
+                return False
+            await asyncio.to_thread(self.outbox.dead_letter, record, reason)
+            self.dead_lettered_total += record[3]
+            log.error("events: NATS refused %s (%d bytes): %s; dead-lettered", record[1], len(record[2]), reason)
+            facts = {"msg_id": record[1], "bytes": len(record[2]), "events": record[3], "reason": reason}
+            self._queue.appendleft(self._node_event(ALERT, {"kind": "dead_letter", **facts}))
+        self._refused = ""
+        return True
+
+    def _refit(self, record: tuple[str, str, bytes, int]) -> list[tuple[str, str, bytes, int]]:
+        """A refused message as messages within today's limit (same ids, so replays dedup); [] if
+        it is not ours to read."""
+        subject, msg_id, payload, _ = record
+        try:
+            docs, was_batch = decode_all(payload)
+        except ValueError:
+            return []
+        limit = self.event_limit - BATCH_OVERHEAD
+        encoded = []
+        for doc in docs:
+            one = orjson.dumps(doc)
+            if len(one) > limit:
+                self.cut_total += 1
+                one = orjson.dumps(Event.from_dict(doc).fitted(len(one), limit).to_dict())
+            encoded.append(one)
+        if not was_batch:
+            return [(subject, msg_id, encoded[0], 1)]
+        out: list[tuple[str, str, bytes, int]] = []
+        part: list[bytes] = []
+        size = 0
+        for one in encoded:
+            if part and size + len(one) + BATCH_OVERHEAD > self.event_limit:
+                out.append((subject, f"{msg_id}.{len(out)}", batch_of(self.node_id, part), len(part)))
+                part, size = [], 0
+            part.append(one)
+            size += len(one) + 1
+        if part:
+            out.append((subject, f"{msg_id}.{len(out)}", batch_of(self.node_id, part), len(part)))
+        return out
 
     async def _on_ack(self, msg: Msg) -> None:
         batch_no = int(msg.subject.rsplit(".", 2)[-2])
@@ -429,3 +530,9 @@ class EventPublisher:
             except Exception:
                 log.exception("events: heartbeat failed")
             await asyncio.sleep(max(0.0, self.heartbeat_interval - (time.monotonic() - started)))
+
+
+def _content_refusal(description: str) -> bool:
+    """JetStream's answers that refuse a message for what it is (size), not for an outage."""
+    text = description.lower()
+    return "maximum" in text or "too large" in text or "exceeds" in text
