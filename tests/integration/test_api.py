@@ -69,6 +69,10 @@ async def test_retried_step_does_not_run_twice(client: AsyncClient) -> None:
         both = await asyncio.gather(*(s.exec("echo y >> /tmp/c2; wc -l < /tmp/c2", seq=8) for _ in range(5)))
         assert {r.stdout for r in both} == {b"1\n"}
         assert (await s.exec("wc -l < /tmp/count")).stdout == b"1\n"
+        # The same seq with another command is a mistake of the caller, never a silent replay.
+        with pytest.raises(FailedPreconditionError, match=r"seq 7 .* already ran a different command"):
+            await s.exec("rm -rf /tmp/count", seq=7)
+        assert (await s.exec("wc -l < /tmp/count")).stdout == b"1\n"
 
 
 async def test_exec_batch_isolates_failures(client: AsyncClient) -> None:

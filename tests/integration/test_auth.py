@@ -6,9 +6,10 @@ import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 from helpers import daemon_config, running_daemon
-from rlsandbox.client import AsyncClient, Client, UnauthenticatedError, UnavailableError
+from rlsandbox.client import AsyncClient, Client, TransportSecurityError, UnauthenticatedError, UnavailableError
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.errors import InvalidArgument
 from rlsandbox.daemon.server import NodeDaemon
@@ -67,9 +68,36 @@ async def test_missing_or_wrong_token_is_unauthenticated(secure_daemon: NodeDaem
 
 
 async def test_plaintext_to_the_tls_listener_fails(secure_daemon: NodeDaemon) -> None:
+    """Not retryable, and the message says what to change."""
     async with AsyncClient(secure_daemon.address, timeout=3) as client:
-        with pytest.raises(UnavailableError):
+        with pytest.raises(TransportSecurityError, match="listens with TLS: pass tls_ca") as err:
             await client.node_status()
+    assert not err.value.retryable and not isinstance(err.value, UnavailableError)
+    with Client(secure_daemon.address, timeout=3) as sync, pytest.raises(TransportSecurityError):
+        sync.node_status()
+
+
+async def test_wrong_ca_and_tls_to_a_plaintext_listener_fail_with_what_to_do(
+    secure_daemon: NodeDaemon, pki: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "other.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=other",
+         "-keyout", str(tmp_path / "k.pem"), "-out", str(other)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    async with AsyncClient(secure_daemon.address, token=TOKEN, tls_ca=str(other), timeout=3) as client:
+        with pytest.raises(TransportSecurityError, match="not signed by the CA given as tls_ca"):
+            await client.node_status()
+    server = grpc.aio.server()
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with AsyncClient(f"127.0.0.1:{port}", token=TOKEN, tls_ca=str(pki / "cert.pem"), timeout=3) as client:
+            with pytest.raises(TransportSecurityError, match="does not speak TLS"):
+                await client.node_status()
+    finally:
+        await server.stop(None)
 
 
 async def test_unix_socket_is_open_by_configuration(secure_daemon: NodeDaemon, pki: Path) -> None:

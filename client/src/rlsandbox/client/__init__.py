@@ -17,6 +17,7 @@ from rlsandbox.client._errors import (
     ResourceExhaustedError,
     SandboxAbortedError,
     SandboxRPCError,
+    TransportSecurityError,
     UnauthenticatedError,
     UnavailableError,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "Session",
     "SessionInfo",
     "TestOutcome",
+    "TransportSecurityError",
     "UnauthenticatedError",
     "UnavailableError",
     "exec_request",

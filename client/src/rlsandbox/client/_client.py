@@ -131,6 +131,7 @@ class AsyncClient:
         self.timeout = timeout
         creds = channel_credentials(token=token, tls_ca=tls_ca)
         options = channel_options(tls_server_name)
+        self._tls = creds is not None
         if creds is None:
             self._channel = grpc.aio.insecure_channel(target, options=options)
         else:
@@ -153,7 +154,7 @@ class AsyncClient:
             try:
                 return await method(request, timeout=timeout)
             except grpc.RpcError as e:
-                error = from_rpc_error(e)
+                error = from_rpc_error(e, self.target, self._tls)
                 attempt += 1
                 if not (retry and isinstance(error, UnavailableError) and attempt < RETRY_ATTEMPTS):
                     raise error from None
@@ -220,7 +221,7 @@ class AsyncClient:
                 elif which is not None:
                     yield which, getattr(event, which)
         except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+            raise from_rpc_error(e, self.target, self._tls) from None
 
     async def exec_batch(self, requests: Iterable[pb.ExecRequest]) -> list[ExecResult | SandboxRPCError]:
         """One command in each of many sessions; per item an ExecResult or the error of that item."""

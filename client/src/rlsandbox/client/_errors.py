@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import ssl
 from typing import Any
 
 import grpc
@@ -65,6 +67,12 @@ class InternalError(SandboxRPCError):
     """A bug in the daemon; its log has the traceback."""
 
 
+class TransportSecurityError(SandboxRPCError):
+    """Client and daemon disagree about TLS (a plaintext client on a TLS listener, a CA that did
+    not sign the daemon's certificate, TLS to a plaintext listener). Not retryable: the
+    configuration must change; the message says how."""
+
+
 _BY_CODE: dict[grpc.StatusCode, type[SandboxRPCError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
     grpc.StatusCode.NOT_FOUND: NotFoundError,
@@ -81,9 +89,57 @@ def error_for(code: grpc.StatusCode, message: str, retry_after: float | None = N
     return _BY_CODE.get(code, InternalError)(code, message, retry_after)
 
 
-def from_rpc_error(error: grpc.RpcError) -> SandboxRPCError:
+_TLS_HINTS = (
+    ("CERTIFICATE_VERIFY_FAILED", "the daemon's certificate is not signed by the CA given as tls_ca (or has expired)"),
+    ("WRONG_VERSION_NUMBER", "the listener does not speak TLS: connect without tls_ca, or to the daemon's TLS port"),
+    ("certificate", "the daemon's certificate does not match the address (see tls_server_name)"),
+)
+_probed: dict[str, bool] = {}
+
+
+def _speaks_tls(target: str) -> bool:
+    """Whether ``host:port`` completes a TLS handshake (asked once per target, only after a
+    plaintext connection was closed on us: never on a call that works)."""
+    if target in _probed:
+        return _probed[target]
+    host, _, port = target.rpartition(":")
+    answer = False
+    if host and port.isdigit() and not target.startswith("unix:"):
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        try:
+            with (
+                socket.create_connection((host.strip("[]"), int(port)), timeout=1.0) as raw,
+                context.wrap_socket(raw, server_hostname=None),
+            ):
+                answer = True
+        except (OSError, ValueError):
+            answer = False
+    _probed[target] = answer
+    return answer
+
+
+def transport_security(code: grpc.StatusCode, details: str, target: str = "", tls: bool | None = None) -> str | None:
+    """What is wrong with TLS between client and daemon, if that is why the call failed."""
+    if code is not grpc.StatusCode.UNAVAILABLE:
+        return None
+    if "handshake failed" in details.lower():
+        hint = next((h for key, h in _TLS_HINTS if key in details), "the TLS handshake failed")
+        return f"TLS with {target or 'the daemon'} failed: {hint} ({details[-200:]})"
+    if tls is False and target and "Socket closed" in details and _speaks_tls(target):
+        return f"the daemon at {target} listens with TLS: pass tls_ca (and token) to the client"
+    return None
+
+
+def from_rpc_error(error: grpc.RpcError, target: str = "", tls: bool | None = None) -> SandboxRPCError:
+    """The typed error of a failed call (``target`` and ``tls``: the client's, to tell TLS set-up
+    mistakes, which are not retryable, from a daemon that is down)."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN  # type: ignore[attr-defined]
     details = error.details() if hasattr(error, "details") else str(error)  # type: ignore[attr-defined]
+    security = transport_security(code, details or "", target, tls)
+    if security is not None:
+        return TransportSecurityError(code, security)
     retry_after = None
     trailing: Any = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None  # type: ignore[attr-defined]
     for key, value in trailing or ():

@@ -47,6 +47,7 @@ class Client:
         self.target = target
         self.timeout = timeout
         creds = channel_credentials(token=token, tls_ca=tls_ca)
+        self._tls = creds is not None
         options = channel_options(tls_server_name)
         if creds is None:
             self._channel = grpc.insecure_channel(target, options=options)
@@ -70,7 +71,7 @@ class Client:
             try:
                 return method(request, timeout=timeout)
             except grpc.RpcError as e:
-                error = from_rpc_error(e)
+                error = from_rpc_error(e, self.target, self._tls)
                 attempt += 1
                 if not (retry and isinstance(error, UnavailableError) and attempt < RETRY_ATTEMPTS):
                     raise error from None

@@ -11,6 +11,7 @@ import asyncio
 import collections
 import contextlib
 import enum
+import hashlib
 import logging
 import secrets
 import time
@@ -43,6 +44,15 @@ log = logging.getLogger(__name__)
 
 TOMBSTONES = 100_000
 STEP_CACHE = 256  # per session: retried steps older than this many steps are not deduplicated
+
+
+def step_fingerprint(req: ExecRequest) -> bytes:
+    """What a step runs (not its timeout or output caps): equal for a retry of the same step."""
+    h = hashlib.sha256()
+    for part in (repr(req.argv), repr(req.shell), repr(req.shell_session), repr(req.cwd), repr(sorted(req.env.items()))):
+        h.update(part.encode("utf-8", "surrogateescape") + b"\x00")
+    h.update(req.stdin)
+    return h.digest()
 
 
 class SessionState(enum.Enum):
@@ -97,7 +107,8 @@ class Session:
         self.seq_reserved = 0  # event numbers up to here are reserved in the journal
         self.end_reason = ""
         self.in_flight = 0
-        self._step_results: collections.OrderedDict[int, asyncio.Future[ExecResult]] = collections.OrderedDict()
+        # seq -> (what the step ran, its result): a retried step gets the first result.
+        self._step_results: collections.OrderedDict[int, tuple[bytes, asyncio.Future[ExecResult]]] = collections.OrderedDict()
         # Resolved when CREATING ends either way, for idempotent retries that arrive meanwhile.
         self.settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -470,16 +481,24 @@ class SessionManager:
     async def exec(
         self, session_id: str, req: ExecRequest, *, seq: int = 0, on_chunk: ChunkCallback | None = None
     ) -> tuple[ExecResult, bool]:
-        """Run one step; returns (result, replayed). A repeated ``seq`` returns the first result."""
+        """Run one step; returns (result, replayed). A repeated ``seq`` with the same command returns
+        the first result; with another command it is FailedPrecondition (never a silent replay)."""
         session = self.get(session_id)
         sandbox = session.require_ready()
         session.touch()
         if seq:
+            fingerprint = step_fingerprint(req)
             earlier = session._step_results.get(seq)
             if earlier is not None:
-                return await asyncio.shield(earlier), True
+                if earlier[0] != fingerprint:
+                    raise FailedPrecondition(
+                        f"step seq {seq} of session {session.id} already ran a different command; a retry must send the "
+                        "same command, a new command needs a new seq",
+                        session_id=session.id,
+                    )
+                return await asyncio.shield(earlier[1]), True
             future: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
-            session._step_results[seq] = future
+            session._step_results[seq] = (fingerprint, future)
             while len(session._step_results) > STEP_CACHE:
                 session._step_results.popitem(last=False)
         if session.options.env:
@@ -492,7 +511,8 @@ class SessionManager:
         except BaseException as e:
             if seq:
                 # A failed step may be retried for real: forget it (and wake any concurrent twin).
-                failed = session._step_results.pop(seq, None)
+                entry = session._step_results.pop(seq, None)
+                failed = entry[1] if entry is not None else None
                 if failed is not None and not failed.done():
                     if isinstance(e, Exception):
                         failed.set_exception(e)
