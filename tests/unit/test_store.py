@@ -34,15 +34,24 @@ def test_gaps_and_garbage_are_counted(tmp_path: Path) -> None:
 
 
 def test_numbers_a_restarted_daemon_may_have_skipped_are_not_gaps(tmp_path: Path) -> None:
-    """A re-adopted session resumes above its reserved block and declares the block; what is
-    missing inside it is counted apart, what is missing outside it is still a gap."""
+    """A re-adopted session resumes above its reserved block and declares the numbers it did not
+    journal as emitted; the ones above the highest that arrived were not used (not gaps), a
+    number missing below one that arrived was used and lost (a gap, named as a crash loss), and
+    what is missing outside the window is still a gap."""
     store = Store(tmp_path / "a.sqlite3")
-    events = [ev(CREATED, 1), ev(STEP, 2), ev(STEP, 3)]  # the first life used 1..3 of the block 1..32
-    adopted = Event(ADOPTED, "n1", "s1", 33, {"unused_seq_window": [1, 32]}, {"run": "r"})
+    events = [ev(CREATED, 1), ev(STEP, 2), ev(STEP, 3)]  # journalled as emitted up to 2, block up to 32
+    adopted = Event(ADOPTED, "n1", "s1", 33, {"unused_seq_window": [3, 32]}, {"run": "r"})
     store.apply([e.to_json() for e in [*events, adopted, ev(STEP, 34)]])
     integrity = store.integrity()
     assert integrity["missing_events"] == 0 and integrity["sessions_with_gaps"] == 0
-    assert integrity["crash_window_missing"] == 29 and store.runs()[0]["missing_events"] == 0
+    assert integrity["crash_window_unused"] == 29 and integrity["crash_window_lost"] == 0
+    assert store.runs()[0]["missing_events"] == 0
+    # Event 5 arrived but 4 did not: 4 was used, and is lost.
+    store.apply([ev(STEP, 5).to_json()])
+    integrity = store.integrity()
+    assert integrity["crash_window_lost"] == 1 and integrity["crash_window_unused"] == 27
+    assert integrity["missing_events"] == 1
+    store.apply([ev(STEP, 4).to_json()])
     # A real gap after the restart is still one.
     store.apply([ev(STEP, 36).to_json()])
     integrity = store.integrity()

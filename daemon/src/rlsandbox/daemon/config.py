@@ -103,6 +103,7 @@ class DaemonConfig(BaseModel):
     max_message_bytes: int = Field(128 * MiB, ge=MiB)
     max_read_bytes: int = Field(64 * MiB, ge=1)
     shutdown_grace: float = Field(30.0, ge=0)
+    shutdown_cleanup: float = Field(20.0, ge=1)
     reconcile_interval: float = Field(60.0, gt=0)
     reap_interval: float = Field(1.0, gt=0)
     log_level: str = "INFO"

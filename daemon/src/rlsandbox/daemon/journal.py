@@ -3,13 +3,23 @@
 One SQLite row per READY session (WAL, no fsync per commit: the rows must outlive the daemon's
 process, which a SIGKILL does not threaten, not the machine). A row is written when a session
 becomes READY and deleted when it starts closing, so a row means "this session's sandbox should
-still be there". Event sequence numbers are reserved in blocks (one write per ``SEQ_BLOCK``
-events, not per step), so a re-adopted session never reuses a number an earlier life of the
-daemon may have published.
+still be there".
+
+All writes go through one writer task that runs them in a worker thread, never on the event
+loop, and commits whatever is pending as one transaction (group commit): ``record`` is awaited
+(a session is handed out only once its row is durable); progress (steps, the last event number
+emitted, the reserved block) is coalesced per session and follows within a commit, about a
+millisecond. Event numbers are reserved in blocks ahead of use; an event whose number is not yet
+durably reserved waits for it (the session manager holds it), so a re-adopted session never
+reuses a number an earlier life of the daemon may have published. After a crash, the numbers
+between the last one journalled as emitted and the end of the reserved block were never used,
+or used in the last moment before the crash: the ``adopted`` event declares that window.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import sqlite3
 from dataclasses import dataclass
@@ -21,6 +31,7 @@ import orjson
 log = logging.getLogger(__name__)
 
 SEQ_BLOCK = 32
+PROGRESS_INTERVAL = 0.02  # seconds the journal may lag behind steps and events
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -28,8 +39,13 @@ CREATE TABLE IF NOT EXISTS sessions (
     container_id TEXT NOT NULL, transport TEXT NOT NULL, runtime TEXT NOT NULL, image TEXT NOT NULL,
     options BLOB NOT NULL, task_spec TEXT, task_tar BLOB, created_at REAL NOT NULL,
     started_at REAL NOT NULL, seq_reserved INTEGER NOT NULL, steps INTEGER NOT NULL,
+    emitted INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (node, session)) WITHOUT ROWID;
 """
+COLUMNS = (
+    "session, pool, container, container_id, transport, runtime, image, options, task_spec, task_tar, "
+    "created_at, started_at, seq_reserved, steps, emitted"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +64,7 @@ class JournalEntry:
     started_at: float  # wall clock: the lifetime counts from here
     seq_reserved: int
     steps: int
+    emitted: int = 0  # the last event number journalled as emitted
 
 
 class SessionJournal:
@@ -58,15 +75,26 @@ class SessionJournal:
         self.node = node
         self.write_errors = 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=30, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(sessions)")}
+        if "emitted" not in columns:  # a file of an earlier version
+            self._db.execute("ALTER TABLE sessions ADD COLUMN emitted INTEGER NOT NULL DEFAULT 0")
+        # Pending writes, in order (rows), and coalesced progress per session.
+        self._ops: list[tuple[str, Any]] = []
+        self._progress: dict[str, tuple[int, int, int]] = {}
+        self._waiters: list[asyncio.Future[None]] = []
+        self._wake = asyncio.Event()
+        self._urgent = asyncio.Event()
+        self._last_flush = 0.0
+        self._writer: asyncio.Task[None] | None = None
+        self._closing = False
 
     def load(self) -> list[JournalEntry]:
         rows = self._db.execute(
-            "SELECT session, pool, container, container_id, transport, runtime, image, options, task_spec, task_tar, "
-            "created_at, started_at, seq_reserved, steps FROM sessions WHERE node = ? ORDER BY created_at",
+            f"SELECT {COLUMNS} FROM sessions WHERE node = ? ORDER BY created_at",
             (self.node,),
         ).fetchall()
         entries = []
@@ -87,49 +115,115 @@ class SessionJournal:
                     started_at=r[11],
                     seq_reserved=r[12],
                     steps=r[13],
+                    emitted=r[14],
                 )
             )
         return entries
 
-    def _write(self, sql: str, args: tuple[Any, ...]) -> None:
-        """A failed write (disk full, file removed) costs re-adoption of that session, never the call."""
+    # -- the writer -----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(self._write_loop(), name="session-journal")
+
+    async def close(self) -> None:
+        """Write what is pending, stop the writer, close the file."""
+        self._closing = True
+        self._wake.set()
+        if self._writer is not None:
+            await self._writer
+        else:
+            await self._flush()
+        await asyncio.to_thread(self._db.close)
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._urgent.is_set() and not self._closing:
+                # Progress alone waits a little to coalesce (at most PROGRESS_INTERVAL behind);
+                # anything urgent (a new row, a reservation an event waits for) cuts it short.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, self._last_flush + PROGRESS_INTERVAL - loop.time())):
+                        await self._urgent.wait()
+            self._urgent.clear()
+            self._last_flush = loop.time()
+            await self._flush()
+            if self._closing and not (self._ops or self._progress):
+                return
+
+    async def _flush(self) -> None:
+        ops, progress, waiters = self._ops, self._progress, self._waiters
+        self._ops, self._progress, self._waiters = [], {}, []
+        if ops or progress:
+            await asyncio.to_thread(self._apply, ops, progress)
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    def _pending(self, urgent: bool = True) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        self._wake.set()
+        if urgent:
+            self._urgent.set()
+        if self._writer is None and not self._closing:
+            self.start()
+        return future
+
+    def _apply(self, ops: list[tuple[str, Any]], progress: dict[str, tuple[int, int, int]]) -> None:
+        """One transaction (worker thread). A failed write (disk full, file removed) costs
+        re-adoption of those sessions, never a call."""
         try:
-            self._db.execute(sql, args)
+            with self._db:
+                self._db.execute("BEGIN")
+                for kind, args in ops:
+                    if kind == "record":
+                        self._db.execute(f"INSERT OR REPLACE INTO sessions ({COLUMNS}, node) VALUES ({'?, ' * 15}?)", args)
+                    else:
+                        self._db.execute("DELETE FROM sessions WHERE node = ? AND session = ?", (self.node, args))
+                self._db.executemany(
+                    "UPDATE sessions SET seq_reserved = ?, emitted = ?, steps = ? WHERE node = ? AND session = ?",
+                    [(r, e, st, self.node, sid) for sid, (r, e, st) in progress.items()],
+                )
         except sqlite3.Error as e:
             self.write_errors += 1
-            log.warning("session journal %s: write failed (%s); a restart may not re-adopt this session", self.path, e)
+            log.warning("session journal %s: write failed (%s); a restart may not re-adopt these sessions", self.path, e)
 
-    def record(self, entry: JournalEntry) -> None:
-        self._write(
-            "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                self.node,
-                entry.session,
-                entry.pool,
-                entry.container,
-                entry.container_id,
-                entry.transport,
-                entry.runtime,
-                entry.image,
-                orjson.dumps(entry.options),
-                entry.task_spec,
-                entry.task_tar or None,
-                entry.created_at,
-                entry.started_at,
-                entry.seq_reserved,
-                entry.steps,
-            ),
+    def record(self, entry: JournalEntry) -> asyncio.Future[None]:
+        """Write a session's row; the future is done once it is durable."""
+        self._progress.pop(entry.session, None)
+        args = (
+            entry.session,
+            entry.pool,
+            entry.container,
+            entry.container_id,
+            entry.transport,
+            entry.runtime,
+            entry.image,
+            orjson.dumps(entry.options),
+            entry.task_spec,
+            entry.task_tar or None,
+            entry.created_at,
+            entry.started_at,
+            entry.seq_reserved,
+            entry.steps,
+            entry.emitted,
+            self.node,
         )
+        self._ops.append(("record", args))
+        return self._pending()
 
-    def reserve(self, session: str, seq_reserved: int, steps: int) -> None:
-        """Event numbers up to ``seq_reserved`` may be in use (the next life starts above)."""
-        self._write(
-            "UPDATE sessions SET seq_reserved = ?, steps = ? WHERE node = ? AND session = ?",
-            (seq_reserved, steps, self.node, session),
-        )
+    def progress(
+        self, session: str, *, seq_reserved: int, emitted: int, steps: int, urgent: bool = False
+    ) -> asyncio.Future[None]:
+        """Event numbers up to ``seq_reserved`` may be used (the next life starts above), the last
+        one emitted, the steps run. Coalesced, written within PROGRESS_INTERVAL (at once when
+        ``urgent``); the future is done once it is durable."""
+        self._progress[session] = (seq_reserved, emitted, steps)
+        return self._pending(urgent)
 
     def forget(self, session: str) -> None:
-        self._write("DELETE FROM sessions WHERE node = ? AND session = ?", (self.node, session))
-
-    def close(self) -> None:
-        self._db.close()
+        self._progress.pop(session, None)
+        self._ops.append(("forget", session))
+        self._pending()

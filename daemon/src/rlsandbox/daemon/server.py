@@ -38,6 +38,7 @@ from rlsandbox.daemon.sessions import SessionManager
 from rlsandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 
 log = logging.getLogger(__name__)
+EVENTS_DRAIN = 10.0  # seconds at most for queued events at shutdown (the rest stays in the outbox)
 
 SERVICE_NAME = sandbox_pb2.DESCRIPTOR.services_by_name["SandboxService"].full_name
 HEALTH_INTERVAL = 2.0
@@ -234,28 +235,44 @@ class NodeDaemon:
 
     async def _stop(self, grace: float | None) -> None:
         grace = self.config.shutdown_grace if grace is None else grace
-        log.info("node %s stopping (grace %.0f s)", self.config.node_id, grace)
+        cleanup = self.config.shutdown_cleanup
+        drain = min(max(grace, 1.0), EVENTS_DRAIN)
+        log.info(
+            "node %s stopping: in-flight calls get %.0f s, removing sandboxes at most %.0f s, events %.0f s",
+            self.config.node_id, grace, cleanup, drain,
+        )  # fmt: skip
         self.servicer.serving = False
         self.sessions.stop_accepting()
         await self.health.enter_graceful_shutdown()
         servers = [s for s in (self.server, self.unix_server) if s is not None]
         # In-flight calls finish within the grace, then are cancelled.
         await asyncio.gather(*(s.stop(grace) for s in servers))
-        await self.sessions.close_all("node shutting down")
-        await asyncio.gather(*(pool.close(timeout=max(5.0, grace)) for pool in self.pools.values()))
+        # Sessions, pools and leftovers go within the cleanup budget; whatever is left then keeps
+        # its labels and is removed by the reconciler at the next start.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + cleanup
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self.sessions.close_all("node shutting down")
+                await asyncio.gather(
+                    *(pool.close(timeout=max(deadline - loop.time() - 1.0, 0.5)) for pool in self.pools.values())
+                )
+        except TimeoutError:
+            log.warning("shutdown: removing sandboxes took over %.0f s; the rest go at the next start", cleanup)
         self.reconciler.stop()
         self._stopped.set()
         for task in self._tasks:
             if not task.done():
                 task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        with contextlib.suppress(SandboxError):
-            await self.reconciler.sweep(grace=0)  # anything a cancelled create left behind
+        with contextlib.suppress(SandboxError, TimeoutError):
+            async with asyncio.timeout(max(deadline - loop.time(), 1.0)):
+                await self.reconciler.sweep(grace=0)  # anything a cancelled create left behind
         if self.events is not None:
-            await self.events.stop(drain_timeout=max(2.0, min(grace, 10.0)))  # the rest stays in the outbox
+            await self.events.stop(drain_timeout=drain)  # the rest stays in the outbox
         await self.runtime.close()
         if self.journal is not None:
-            self.journal.close()
+            await self.journal.close()
         if self.config.listen_unix:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.config.listen_unix)

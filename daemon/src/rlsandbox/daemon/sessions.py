@@ -11,6 +11,7 @@ import asyncio
 import collections
 import contextlib
 import enum
+import functools
 import hashlib
 import logging
 import secrets
@@ -105,6 +106,9 @@ class Session:
         self.steps = 0
         self.event_seq = 0  # events emitted for this session (numbered from 1, no holes)
         self.seq_reserved = 0  # event numbers up to here are reserved in the journal
+        self.seq_durable = 0  # ... and up to here durably so: events numbered above it wait
+        self.held: list[ev.Event] = []
+        self.awaiting_reservation = False
         self.end_reason = ""
         self.in_flight = 0
         # seq -> (what the step ran, its result): a retried step gets the first result.
@@ -230,13 +234,16 @@ class SessionManager:
             raise FailedPrecondition("this node has no grader; it cannot start sessions from tasks")
         try:
             session.sandbox = await pool.acquire(options.acquire_timeout)
-            if options.task is not None:
-                assert self.grader is not None
-                try:
+            try:
+                if options.task is not None:
+                    assert self.grader is not None
                     await self.grader.prepare(session.sandbox, options.task)
-                except BaseException:
-                    await pool.release(session.sandbox, "task setup failed")
-                    raise
+                # Durable before the session is handed out: a crash right after must re-adopt it.
+                await self._journal_record(session)
+            except BaseException:
+                self._journal_forget(session)
+                await pool.release(session.sandbox, "session setup failed")
+                raise
         except BaseException as e:
             self.sessions.pop(session.id, None)
             self._by_key.pop(options.idempotency_key, None)
@@ -248,7 +255,6 @@ class SessionManager:
         session.transition(SessionState.READY)
         session.touch()
         session.settled.set_result(None)
-        self._journal_record(session)
         log.info("session %s ready on %s (pool %s)", session.id, session.sandbox.name, pool.name)
         self._emit(
             session,
@@ -265,12 +271,12 @@ class SessionManager:
         return session
 
     # -- the journal and recovery -------------------------------------------------------------------
-    def _journal_record(self, session: Session) -> None:
+    async def _journal_record(self, session: Session) -> None:
         if self.journal is None or session.sandbox is None:
             return
         o = session.options
         session.seq_reserved = session.event_seq + SEQ_BLOCK
-        self.journal.record(
+        await self.journal.record(
             JournalEntry(
                 session=session.id,
                 pool=session.pool.name,
@@ -294,8 +300,10 @@ class SessionManager:
                 started_at=time.time() - (time.monotonic() - session.started),
                 seq_reserved=session.seq_reserved,
                 steps=session.steps,
+                emitted=session.event_seq,
             )
         )
+        session.seq_durable = session.seq_reserved
 
     def _journal_forget(self, session: Session) -> None:
         if self.journal is not None:
@@ -358,15 +366,18 @@ class SessionManager:
         self.sessions[session.id] = session
         if options.idempotency_key:
             self._by_key[options.idempotency_key] = session.id
-        assert self.journal is not None  # the row is there; only its reserved block moves on
+        assert self.journal is not None  # the row is there; its next block is reserved before any event
         session.seq_reserved = session.event_seq + SEQ_BLOCK
-        self.journal.reserve(session.id, session.seq_reserved, session.steps)
+        await self.journal.progress(
+            session.id, seq_reserved=session.seq_reserved, emitted=session.event_seq, steps=session.steps, urgent=True
+        )
+        session.seq_durable = session.seq_reserved
         self.adopted_total += 1
         log.info("session %s re-adopted on %s (pool %s)", session.id, sandbox.name, pool.name)
         self._emit(
             session,
             ev.ADOPTED,
-            {"container": sandbox.name, "transport": sandbox.transport, "unused_seq_window": _window(entry.seq_reserved)},
+            {"container": sandbox.name, "transport": sandbox.transport, "unused_seq_window": _window(entry)},
         )
         return True
 
@@ -382,7 +393,7 @@ class SessionManager:
         log.warning("session %s: %s", entry.session, reason)
         if self.events is not None:
             labels = dict(entry.options.get("labels", {}))
-            data = {"reason": reason, "steps": entry.steps, "unused_seq_window": _window(entry.seq_reserved)}
+            data = {"reason": reason, "steps": entry.steps, "unused_seq_window": _window(entry)}
             self.events.emit(ev.Event(ev.FAILED, self.node_id, entry.session, entry.seq_reserved + 1, data, labels))
 
     # -- events ---------------------------------------------------------------------------------
@@ -390,10 +401,44 @@ class SessionManager:
         if self.events is None:
             return
         session.event_seq += 1
-        if session.event_seq > session.seq_reserved and self.journal is not None and session.state is SessionState.READY:
-            session.seq_reserved = session.event_seq - 1 + SEQ_BLOCK
-            self.journal.reserve(session.id, session.seq_reserved, session.steps)
-        self.events.emit(ev.Event(type_, self.node_id, session.id, session.event_seq, data, dict(session.options.labels)))
+        event = ev.Event(type_, self.node_id, session.id, session.event_seq, data, dict(session.options.labels))
+        if self.journal is not None and session.state is SessionState.READY:
+            urgent = session.event_seq > session.seq_reserved - SEQ_BLOCK // 2
+            if urgent:  # reserve the next block ahead of use
+                session.seq_reserved = max(session.seq_reserved, session.event_seq) + SEQ_BLOCK
+            durable = self.journal.progress(
+                session.id, seq_reserved=session.seq_reserved, emitted=session.event_seq, steps=session.steps, urgent=urgent
+            )
+            if session.event_seq > session.seq_durable:
+                # Its number is not durably reserved yet: it waits (a next life could reuse it).
+                if not session.awaiting_reservation:
+                    session.awaiting_reservation = True
+                    reserved = session.seq_reserved
+                    durable.add_done_callback(functools.partial(self._on_reserved, session, reserved))
+                session.held.append(event)
+                return
+        if session.held:
+            session.held.append(event)  # behind the held ones, in order
+            return
+        self.events.emit(event)
+
+    def _on_reserved(self, session: Session, durable: int, _: asyncio.Future[None]) -> None:
+        self._release_held(session, durable)
+
+    def _release_held(self, session: Session, durable: int) -> None:
+        """Emit the held events whose numbers are now durably reserved (all of them once the
+        session's row is gone: nothing can be re-adopted to reuse them)."""
+        session.awaiting_reservation = False
+        session.seq_durable = max(session.seq_durable, durable)
+        assert self.events is not None
+        while session.held and (session.held[0].seq <= session.seq_durable or session.state is not SessionState.READY):
+            self.events.emit(session.held.pop(0))
+        if session.held and self.journal is not None:
+            session.awaiting_reservation = True
+            reserved = session.seq_reserved
+            self.journal.progress(
+                session.id, seq_reserved=reserved, emitted=session.event_seq, steps=session.steps, urgent=True
+            ).add_done_callback(functools.partial(self._on_reserved, session, reserved))
 
     def _step_event(self, session: Session, req: ExecRequest, result: ExecResult, seq: int) -> None:
         if self.events is None:
@@ -638,6 +683,7 @@ class SessionManager:
         ]
 
 
-def _window(seq_reserved: int) -> list[int]:
-    """Event numbers an earlier life may or may not have used before it died (see journal.py)."""
-    return [max(1, seq_reserved - SEQ_BLOCK + 1), seq_reserved]
+def _window(entry: JournalEntry) -> list[int] | None:
+    """Event numbers an earlier life did not journal as emitted: never used, or used in the last
+    moment before it died (see journal.py); None when there are none."""
+    return [entry.emitted + 1, entry.seq_reserved] if entry.emitted < entry.seq_reserved else None

@@ -4,8 +4,11 @@ Session events are keyed by (session, seq): an event that arrives twice (redeliv
 outbox) is counted as a duplicate and changes nothing else. What the events say is kept in plain
 tables (sessions, steps, rewards, nodes, alerts) that the queries read; gaps are the sequence
 numbers a session has not delivered (its highest seq minus the events it has), except inside a
-window a restarted daemon declared (``unused_seq_window``): numbers there may never have been
-used, so what is missing in them is counted apart as ``crash_window_missing``.
+window a restarted daemon declared (``unused_seq_window``: numbers its earlier life did not
+journal as emitted). Numbers are used in order, so inside a window a missing number below one
+that arrived was used and lost (``crash_window_lost``, counted in ``missing_events`` too); the
+missing numbers above the highest that arrived were never used, or used in the journal's last
+moment before the crash (``crash_window_unused``).
 Several aggregator processes may share one database file (SQLite serialises their writes).
 """
 
@@ -245,7 +248,7 @@ class Store:
                 self._db.execute("SELECT session, run FROM sessions WHERE session IN (SELECT session FROM seq_windows)")
             )
         for r in rows:
-            r["missing_events"] -= sum(n for session, n in in_windows.items() if run_of.get(session) == r["name"])
+            r["missing_events"] -= sum(u for session, (u, _) in in_windows.items() if run_of.get(session) == r["name"])
             r.update({k: v for k, v in stats.get(r["name"], {}).items() if k not in ("name", "sessions")})
         return rows
 
@@ -266,14 +269,18 @@ class Store:
             r["data"] = orjson.loads(r["data"])
         return rows
 
-    def _window_missing(self) -> dict[str, int]:
-        """Per session, the numbers missing inside the windows restarted daemons declared."""
-        missing: dict[str, int] = {}
+    def _window_missing(self) -> dict[str, tuple[int, int]]:
+        """Per session, (unused, lost) numbers inside the windows restarted daemons declared."""
+        missing: dict[str, tuple[int, int]] = {}
         for session, lo, hi in self._db.execute("SELECT session, lo, hi FROM seq_windows").fetchall():
-            have = self._db.execute(
-                "SELECT COUNT(*) FROM events WHERE session = ? AND seq BETWEEN ? AND ?", (session, lo, hi)
-            ).fetchone()[0]
-            missing[session] = missing.get(session, 0) + (hi - lo + 1 - have)
+            have, top = self._db.execute(
+                "SELECT COUNT(*), COALESCE(MAX(seq), ?) FROM events WHERE session = ? AND seq BETWEEN ? AND ?",
+                (lo - 1, session, lo, hi),
+            ).fetchone()
+            lost = (top - lo + 1) - have  # below the highest that arrived: used, and missing
+            unused = hi - top
+            was = missing.get(session, (0, 0))
+            missing[session] = (was[0] + unused, was[1] + lost)
         return missing
 
     def integrity(self) -> dict[str, Any]:
@@ -285,14 +292,16 @@ class Store:
             gap_sessions = dict(self._db.execute("SELECT session, max_seq - events FROM sessions WHERE max_seq > events"))
             in_windows = self._window_missing()
             counters = dict(self._db.execute("SELECT name, value FROM counters").fetchall())
-        window_missing = sum(in_windows.values())
-        gaps = sum(1 for s, n in gap_sessions.items() if n > in_windows.get(s, 0))
+        unused = sum(u for u, _ in in_windows.values())
+        lost = sum(lost for _, lost in in_windows.values())
+        gaps = sum(1 for s, n in gap_sessions.items() if n > in_windows.get(s, (0, 0))[0])
         return {
             "events": events,
             "sessions": sessions,
             "sessions_with_gaps": gaps,
-            "missing_events": missing - window_missing,
-            "crash_window_missing": window_missing,
+            "missing_events": missing - unused,
+            "crash_window_unused": unused,
+            "crash_window_lost": lost,
             "duplicates": dups,
             "duplicates_total": counters.get("duplicates", 0),
             "invalid": counters.get("invalid", 0),
