@@ -140,6 +140,7 @@ class NodeDaemon:
             "execs_total": self.sessions.execs_total,
             "sessions_adopted": self.sessions.adopted_total,  # re-adopted at this start, after a crash
             "sessions_lost": self.sessions.lost_total,  # journalled but not re-adoptable
+            "events_unconfirmed": self.sessions.events_unconfirmed_total,  # answered before their events were durable
         }
 
     async def start(self) -> None:

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 TOMBSTONES = 100_000
 STEP_CACHE = 256  # per session: retried steps older than this many steps are not deduplicated
+EVENT_CONFIRM_WAIT = 0.25  # seconds a call waits at most for its events to be durable
 
 
 def step_fingerprint(req: ExecRequest) -> bytes:
@@ -109,6 +110,8 @@ class Session:
         self.seq_durable = 0  # ... and up to here durably so: events numbered above it wait
         self.held: list[ev.Event] = []
         self.awaiting_reservation = False
+        self.acked_seq = 0  # events up to here are durable (acknowledged by JetStream, or in the outbox)
+        self.durable_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self.end_reason = ""
         self.in_flight = 0
         # seq -> (what the step ran, its result): a retried step gets the first result.
@@ -179,6 +182,9 @@ class SessionManager:
         self.journal = journal
         self.grader = grader
         self.events = events
+        if events is not None:
+            events.on_durable = self._on_durable
+        self.events_unconfirmed_total = 0  # calls answered before their events were durable (bound hit)
         self.events_output_cap = events_output_cap
         self._timeouts: collections.deque[float] = collections.deque()
         self._storm_alerted_at = 0.0
@@ -268,6 +274,7 @@ class SessionManager:
                 "workdir": session.workdir,
             },
         )
+        await self._confirm(session)
         return session
 
     # -- the journal and recovery -------------------------------------------------------------------
@@ -300,7 +307,7 @@ class SessionManager:
                 started_at=time.time() - (time.monotonic() - session.started),
                 seq_reserved=session.seq_reserved,
                 steps=session.steps,
-                emitted=session.event_seq,
+                emitted=session.acked_seq,
             )
         )
         session.seq_durable = session.seq_reserved
@@ -368,8 +375,9 @@ class SessionManager:
             self._by_key[options.idempotency_key] = session.id
         assert self.journal is not None  # the row is there; its next block is reserved before any event
         session.seq_reserved = session.event_seq + SEQ_BLOCK
+        session.acked_seq = session.event_seq  # nothing of this life yet; below it, the window says
         await self.journal.progress(
-            session.id, seq_reserved=session.seq_reserved, emitted=session.event_seq, steps=session.steps, urgent=True
+            session.id, seq_reserved=session.seq_reserved, emitted=session.acked_seq, steps=session.steps, urgent=True
         )
         session.seq_durable = session.seq_reserved
         self.adopted_total += 1
@@ -397,6 +405,41 @@ class SessionManager:
             self.events.emit(ev.Event(ev.FAILED, self.node_id, entry.session, entry.seq_reserved + 1, data, labels))
 
     # -- events ---------------------------------------------------------------------------------
+    def _on_durable(self, events: list[ev.Event]) -> None:
+        """The publisher says these events are durable: wake the calls waiting for them."""
+        top: dict[str, int] = {}
+        for e in events:
+            if e.session and e.seq > top.get(e.session, 0):
+                top[e.session] = e.seq
+        for sid, seq in top.items():
+            session = self.sessions.get(sid)
+            if session is None or seq <= session.acked_seq:
+                continue
+            session.acked_seq = seq
+            waiting = session.durable_waiters
+            if waiting:
+                session.durable_waiters = [(n, f) for n, f in waiting if n > seq]
+                for n, f in waiting:
+                    if n <= seq and not f.done():
+                        f.set_result(None)
+            if self.journal is not None and session.state is SessionState.READY:
+                self.journal.progress(sid, seq_reserved=session.seq_reserved, emitted=seq, steps=session.steps)
+
+    async def _confirm(self, session: Session) -> None:
+        """Wait (at most EVENT_CONFIRM_WAIT) until the session's events so far are durable, so that
+        what a caller was told cannot be missing from the events after a crash. A stalled NATS
+        costs the call that bound, not an error; such calls are counted."""
+        seq = session.event_seq
+        if self.events is None or seq <= session.acked_seq:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        session.durable_waiters.append((seq, future))
+        try:
+            async with asyncio.timeout(EVENT_CONFIRM_WAIT):
+                await asyncio.shield(future)
+        except TimeoutError:
+            self.events_unconfirmed_total += 1
+
     def _emit(self, session: Session, type_: str, data: dict[str, Any]) -> None:
         if self.events is None:
             return
@@ -407,7 +450,7 @@ class SessionManager:
             if urgent:  # reserve the next block ahead of use
                 session.seq_reserved = max(session.seq_reserved, session.event_seq) + SEQ_BLOCK
             durable = self.journal.progress(
-                session.id, seq_reserved=session.seq_reserved, emitted=session.event_seq, steps=session.steps, urgent=urgent
+                session.id, seq_reserved=session.seq_reserved, emitted=session.acked_seq, steps=session.steps, urgent=urgent
             )
             if session.event_seq > session.seq_durable:
                 # Its number is not durably reserved yet: it waits (a next life could reuse it).
@@ -437,7 +480,7 @@ class SessionManager:
             session.awaiting_reservation = True
             reserved = session.seq_reserved
             self.journal.progress(
-                session.id, seq_reserved=reserved, emitted=session.event_seq, steps=session.steps, urgent=True
+                session.id, seq_reserved=reserved, emitted=session.acked_seq, steps=session.steps, urgent=True
             ).add_done_callback(functools.partial(self._on_reserved, session, reserved))
 
     def _step_event(self, session: Session, req: ExecRequest, result: ExecResult, seq: int) -> None:
@@ -573,6 +616,7 @@ class SessionManager:
         if seq:
             future.set_result(result)
         self._step_event(session, req, result, seq)
+        await self._confirm(session)
         return result, False
 
     async def evaluate(

@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rlsandbox.daemon.agent import AGENT_PATH
-from rlsandbox.daemon.agent.channel import AgentChannel
-from rlsandbox.daemon.agent.socket_transport import UnixSocketTransport
+from rlsandbox.daemon.agent.socket_transport import AgentListener, accept_agent
 from rlsandbox.daemon.model import ExecRequest
 from rlsandbox.loadtest.stats import bench_cli, machine, process_cpu
 
@@ -37,10 +36,11 @@ def _cpu(pid: int) -> tuple[float, float]:
 async def one_round(agent: Path, commands: int, in_flight: int = 4) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "agent.sock"
-        proc = await asyncio.create_subprocess_exec(sys.executable, str(agent), "--socket", str(path))
+        listener = await AgentListener.open(path)
+        proc = await asyncio.create_subprocess_exec(sys.executable, str(agent), "--connect", str(path))
         try:
-            channel = AgentChannel(await UnixSocketTransport.connect(path, 10), name="bench")
-            await channel.start(10)
+            channel = await accept_agent(listener, "bench", 10)
+            await listener.close()
             req = ExecRequest(argv=("true",), timeout=10, cwd=tmp)
             for _ in range(100):
                 await channel.exec(req)

@@ -138,6 +138,10 @@ class EventPublisher:
         self.publish_timeout = publish_timeout
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat = heartbeat
+        # Told about every batch of events once it is durable: acknowledged by JetStream, or in
+        # the outbox (or counted as dropped by a full outbox). The session manager uses it to
+        # answer a call only once that call's events cannot be lost.
+        self.on_durable: Callable[[list[Event]], None] | None = None
         self.stream = stream
         self.outbox = Outbox(outbox_path, outbox_max_bytes)
         self._queue: collections.deque[Event] = collections.deque()
@@ -342,6 +346,8 @@ class EventPublisher:
             raise
         if not published:
             await self._to_outbox(batch)
+        else:
+            self._durable(batch)
 
     def _records(self, events: list[Event]) -> list[tuple[str, str, bytes, int]]:
         """Messages for ``events``, in order: runs of consecutive step events (one or more) become
@@ -497,11 +503,21 @@ class EventPublisher:
         if state.acked >= state.expected:
             state.done.set()
 
+    def _durable(self, events: list[Event]) -> None:
+        if self.on_durable is not None and events:
+            try:
+                self.on_durable(events)
+            except Exception:  # the publisher goes on whatever a listener does
+                log.exception("events: on_durable failed")
+
     async def _to_outbox(self, events: list[Event]) -> None:
         if not events:
             return
         records = self._records(events)
-        taken = await asyncio.to_thread(self.outbox.append, records)
+        try:
+            taken = await asyncio.to_thread(self.outbox.append, records)
+        finally:
+            self._durable(events)  # in the outbox, or counted as dropped below: nobody waits longer
         lost = sum(r[3] for r in records[taken:])  # events, not messages
         if lost:
             if not self._dropped_unreported:
