@@ -126,6 +126,10 @@ class DaemonConfig(BaseModel):
     events_outbox: str = "/var/lib/rlsandbox/events-outbox.sqlite3"
     events_outbox_max_bytes: int = Field(512 * MiB, ge=1024)
     events_publish_timeout: float = Field(5.0, gt=0)
+    # A call returns once its events are durable (acknowledged by JetStream, or in the outbox),
+    # waiting at most this many seconds: a SIGKILL then loses no event of an answered call. Costs
+    # a JetStream round trip per step (docs/BENCHMARKS.md); 0: answer at once.
+    events_confirm_timeout: float = Field(0.25, ge=0, le=10)
     events_include_output: bool = False
     events_output_cap: int = Field(4096, ge=0, le=MiB)
     events_step_batch: int = Field(256, ge=1, le=10_000)

@@ -90,6 +90,7 @@ class NodeDaemon:
             grader=self.grader,
             events=self.events,
             events_output_cap=config.events_output_cap if config.events_include_output else 0,
+            events_confirm_timeout=config.events_confirm_timeout,
             journal=self.journal,
         )
         self.reconciler = Reconciler(self.factory, interval=config.reconcile_interval)

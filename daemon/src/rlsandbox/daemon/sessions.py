@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 
 TOMBSTONES = 100_000
 STEP_CACHE = 256  # per session: retried steps older than this many steps are not deduplicated
-EVENT_CONFIRM_WAIT = 0.25  # seconds a call waits at most for its events to be durable
 
 
 def step_fingerprint(req: ExecRequest) -> bytes:
@@ -176,6 +175,7 @@ class SessionManager:
         grader: Grader | None = None,
         events: EventPublisher | None = None,
         events_output_cap: int = 0,
+        events_confirm_timeout: float = 0.25,
         journal: SessionJournal | None = None,
     ) -> None:
         self.node_id = node_id
@@ -185,6 +185,7 @@ class SessionManager:
         if events is not None:
             events.on_durable = self._on_durable
         self.events_unconfirmed_total = 0  # calls answered before their events were durable (bound hit)
+        self.events_confirm_timeout = events_confirm_timeout
         self.events_output_cap = events_output_cap
         self._timeouts: collections.deque[float] = collections.deque()
         self._storm_alerted_at = 0.0
@@ -426,16 +427,17 @@ class SessionManager:
                 self.journal.progress(sid, seq_reserved=session.seq_reserved, emitted=seq, steps=session.steps)
 
     async def _confirm(self, session: Session) -> None:
-        """Wait (at most EVENT_CONFIRM_WAIT) until the session's events so far are durable, so that
+        """Wait (at most ``events_confirm_timeout``) until the session's events so far are durable, so that
         what a caller was told cannot be missing from the events after a crash. A stalled NATS
         costs the call that bound, not an error; such calls are counted."""
         seq = session.event_seq
-        if self.events is None or seq <= session.acked_seq:
+        if self.events is None or seq <= session.acked_seq or self.events_confirm_timeout <= 0:
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         session.durable_waiters.append((seq, future))
+        self.events.flush_soon()
         try:
-            async with asyncio.timeout(EVENT_CONFIRM_WAIT):
+            async with asyncio.timeout(self.events_confirm_timeout):
                 await asyncio.shield(future)
         except TimeoutError:
             self.events_unconfirmed_total += 1

@@ -146,6 +146,7 @@ class EventPublisher:
         self.outbox = Outbox(outbox_path, outbox_max_bytes)
         self._queue: collections.deque[Event] = collections.deque()
         self._wake = asyncio.Event()
+        self._urgent = asyncio.Event()
         self._nc: NATS | None = None
         self._js: Any = None
         self._ack_prefix: str | None = None
@@ -167,6 +168,12 @@ class EventPublisher:
     # -- the hot path ---------------------------------------------------------------------------
     def emit(self, event: Event) -> None:
         self._queue.append(event)
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def flush_soon(self) -> None:
+        """Someone waits for the events emitted so far to be durable: do not linger for more."""
+        self._urgent.set()
         if not self._wake.is_set():
             self._wake.set()
 
@@ -294,10 +301,14 @@ class EventPublisher:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(1.0):
                         await self._wake.wait()
-            if self.linger and self._ready and len(self._queue) < BATCH and not self._stopping:
+            if self.linger and self._ready and len(self._queue) < BATCH and not self._stopping and not self._urgent.is_set():
                 # Let a batch gather: one wake-up, one round of acknowledgements for many events,
-                # instead of a publish round on the daemon's loop after every command.
-                await asyncio.sleep(self.linger)
+                # instead of a publish round on the daemon's loop after every command; unless a
+                # call waits for its events (``flush_soon``): then what gathered goes at once.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.linger):
+                        await self._urgent.wait()
+            self._urgent.clear()
             try:
                 await self._step()
             except asyncio.CancelledError:
