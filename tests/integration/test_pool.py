@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from rlsandbox.daemon.errors import PoolUnhealthy, ResourceExhausted, Unavailable
+from rlsandbox.daemon.errors import PoolUnhealthy, ResourceExhausted, SandboxError, Unavailable
 from rlsandbox.daemon.model import ContainerSpec, ExecRequest
 from rlsandbox.daemon.pool import CreateLimiter, PoolSpec, Reconciler, SandboxFactory, WarmPool
 from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, DockerRuntime
@@ -178,3 +178,43 @@ async def test_orphans_of_a_dead_owner_are_removed(docker_runtime: DockerRuntime
         for c in await dead.list_containers({LABEL_OWNER: dead.owner}):
             await dead.remove(c.id)
         await dead.close()
+
+
+async def test_a_removal_that_failed_is_retried_until_the_container_is_gone(
+    docker_runtime: DockerRuntime, images: dict[str, str]
+) -> None:
+    """The engine refuses a remove (injected: a busy engine times out, which cannot be produced on
+    demand): the container is kept for the reconciler, which removes it at its next run, soon,
+    even though it is younger than the sweep's grace."""
+    factory = SandboxFactory(docker_runtime)
+    sb = await factory.create(PoolSpec(name="retry", container=ContainerSpec(image=images["busybox"])))
+    real_remove = docker_runtime.remove
+    calls = 0
+
+    async def refuse_once(container: str, timeout: float | None = None) -> bool:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise SandboxError(f"engine did not answer the remove of {container} in time (injected)")
+        return await real_remove(container, timeout=timeout)
+
+    docker_runtime.remove = refuse_once  # type: ignore[method-assign]
+    try:
+        await factory.destroy(sb, "released")
+        assert factory.unremoved == {sb.name: sb.container_id} and factory.remove_failures_total == 1
+        still = await docker_runtime.list_containers({LABEL_OWNER: docker_runtime.owner})
+        assert sb.container_id in [c.id for c in still], "the injected failure should have left it"
+        reconciler = Reconciler(factory, interval=3600, grace=3600)
+        runner = asyncio.create_task(reconciler.run())  # waits RETRY_INTERVAL, not the hour, while a removal is pending
+        deadline = time.monotonic() + 30
+        while factory.unremoved and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        reconciler.stop()
+        await runner
+        assert not factory.unremoved
+        with pytest.raises(SandboxError):
+            await docker_runtime.inspect(sb.container_id)  # gone
+    finally:
+        docker_runtime.remove = real_remove  # type: ignore[method-assign]
+        with contextlib.suppress(SandboxError):
+            await real_remove(sb.container_id)
