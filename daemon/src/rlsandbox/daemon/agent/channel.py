@@ -36,6 +36,11 @@ class ByteTransport(Protocol):
     async def close(self) -> None: ...
 
 
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class _Pending:
     __slots__ = ("future", "on_chunk", "stderr", "stdout")
 
@@ -111,6 +116,12 @@ class AgentChannel:
                 raise
         finally:
             self._pending.pop(rid, None)
+            # A caller cancelled (or timed out) while the channel died: the shielded future's
+            # exception has nobody left to read it; read it here, now or when it comes.
+            if future.done():
+                _retrieve(future)
+            else:
+                future.add_done_callback(_retrieve)
         return result_meta, result_body
 
     def _cancel_remote(self, rid: int) -> None:
