@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import sys
 from collections.abc import AsyncIterator
@@ -12,24 +11,18 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import BUSYBOX, PYTHON, STATE_DIR, TEST_OWNER
+from helpers import BUSYBOX, PYTHON, STATE_DIR, TEST_OWNER, fail_on_loop_exceptions
 from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, DockerRuntime
 
 
 @pytest.fixture(autouse=True)
-def _fail_on_unhandled_loop_exceptions() -> object:
-    """An exception nobody retrieved inside the event loop fails the test that caused it."""
-    seen: list[dict[str, object]] = []
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
+async def _fail_on_unhandled_loop_exceptions() -> AsyncIterator[None]:
+    """An exception nobody retrieved inside the event loop fails the test that caused it.
+
+    Async, so that it runs in the tests' (session-wide) loop: a sync fixture sees no running loop
+    and would install nothing (it did not, until this was found)."""
+    async with fail_on_loop_exceptions():
         yield
-        return
-    previous = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _loop, ctx: seen.append(ctx))
-    yield
-    loop.set_exception_handler(previous)
-    assert not seen, f"unhandled exceptions in the event loop: {seen}"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -49,3 +51,22 @@ async def running_daemon(config: DaemonConfig) -> AsyncIterator[NodeDaemon]:
         yield node
     finally:
         await node.stop()
+
+
+@contextlib.asynccontextmanager
+async def fail_on_loop_exceptions() -> AsyncIterator[None]:
+    """Collect what the running loop reports as unhandled (a task that died with nobody awaiting
+    it, a failing callback) while the body runs, and fail with it at the end."""
+    loop = asyncio.get_running_loop()
+    seen: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, ctx: seen.append(ctx))
+    try:
+        yield
+        gc.collect(1)  # a dead task reports its unretrieved exception when collected (young ones: cheap)
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    if seen:
+        found = [(c.get("message"), repr(c.get("exception")), repr(c.get("future"))[:300]) for c in seen]
+        raise AssertionError(f"unhandled exceptions in the event loop: {found[:5]}")
