@@ -341,8 +341,9 @@ class Grader:
             ExecRequest(shell=command, cwd=ws, env=env, timeout=ev.timeout, stdout_cap=OUTPUT_CAP, stderr_cap=OUTPUT_CAP)
         )
         stderr = split_records(run.stderr)[1] if guard is not None else run.stderr  # the guard's records apart
+        stdout = split_records(run.stdout)[1] if guard is not None else run.stdout
         if ev.report_format in OUTPUT_FORMATS:
-            data = run.stdout + b"\n" + stderr
+            data = stdout + b"\n" + stderr
         else:
             data = await self._read(room, report_path)
         exit_code = run.exit_code if not run.timed_out else None
@@ -350,8 +351,15 @@ class Grader:
         problems = list(report.problems)
         detected = list(detected)
         if guard is not None:
-            checked = read_guard_log(run.stderr, guard.key)
-            if checked.started:
+            # Records come through stderr, or stdout when the command merges them (2>&1).
+            checked = read_guard_log(run.stderr + b"\n" + run.stdout, guard.key)
+            # The guard deletes its key file as it loads, before any workspace code runs. A key
+            # file still there means no guard loaded, and the code under test could read the
+            # key: records are then not trusted, whatever they say.
+            key_left = await self._exists(room, guard.config_path)
+            if key_left and checked.started:
+                detected.append("signed pytest-guard records appeared although the guard never loaded: forged")
+            if checked.started and not key_left:
                 detected += checked.tampering + _disagreements(report, checked.report())
                 report = checked.report()
                 if not checked.ended:
@@ -366,7 +374,7 @@ class Grader:
             exit_code=run.exit_code,
             timed_out=run.timed_out,
             report_complete=report.complete,
-            log=cap_log(run.stdout, stderr),
+            log=cap_log(stdout, stderr),
         )
         if (
             ev.report_format in EXIT_CHECKED_FORMATS
@@ -402,6 +410,13 @@ class Grader:
             problems.insert(0, f"tampering detected ({len(detected)} finding(s)): reward 0 under the strict policy")
         result.message = "; ".join(problems)
         return result
+
+    async def _exists(self, room: Sandbox, path: str) -> bool:
+        """Whether ``path`` exists in the room, asked of the engine (not of anything in the room)."""
+        try:
+            return await self.runtime.stat_path(room.container_id, path) is not None
+        except SandboxError:
+            return False
 
     async def _read(self, room: Sandbox, path: str) -> bytes:
         try:
