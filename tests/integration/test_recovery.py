@@ -212,6 +212,8 @@ async def test_sigkilled_daemon_restarts_and_readopts_its_sessions(
     assert types[0] == "created" and types[-1] == "closed" and types.count("adopted") == 1, types
     adopted = timeline[types.index("adopted")]
     assert adopted["seq"] == adopted["data"]["unused_seq_window"][1] + 1
+    # Every answered step counted across the crash: 3 before it (the one cut by it is not), 5 after.
+    assert timeline[-1]["data"]["steps"] == 8 == types.count("step"), timeline[-1]["data"]
     lost = agg.store.timeline(doomed.id)[-1]
     assert lost["type"] == "failed" and "lost when the daemon restarted" in lost["data"]["reason"]
     integrity = agg.store.integrity()

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 TOMBSTONES = 100_000
 STEP_CACHE = 256  # per session: retried steps older than this many steps are not deduplicated
+JOURNAL_WAIT = 1.0  # seconds a step waits at most for its journal row (a stalled disk costs that, not an error)
 
 
 def step_fingerprint(req: ExecRequest) -> bytes:
@@ -618,7 +619,15 @@ class SessionManager:
         if seq:
             future.set_result(result)
         self._step_event(session, req, result, seq)
-        await self._confirm(session)
+        if self.journal is not None and session.state is SessionState.READY:
+            # The step count in the journal is exact for every answered step (the closed event
+            # after a re-adoption says it), written while the step's event is being confirmed.
+            row = self.journal.progress(
+                session.id, seq_reserved=session.seq_reserved, emitted=session.acked_seq, steps=session.steps, urgent=True
+            )
+            await asyncio.gather(self._confirm(session), _within(row, JOURNAL_WAIT))
+        else:
+            await self._confirm(session)
         return result, False
 
     async def evaluate(
@@ -733,3 +742,9 @@ def _window(entry: JournalEntry) -> list[int] | None:
     """Event numbers an earlier life did not journal as emitted: never used, or used in the last
     moment before it died (see journal.py); None when there are none."""
     return [entry.emitted + 1, entry.seq_reserved] if entry.emitted < entry.seq_reserved else None
+
+
+async def _within(future: asyncio.Future[None], timeout: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await asyncio.shield(future)
