@@ -619,9 +619,9 @@ class SessionManager:
         if seq:
             future.set_result(result)
         self._step_event(session, req, result, seq)
-        if self.journal is not None and session.state is SessionState.READY:
-            # The step count in the journal is exact for every answered step (the closed event
-            # after a re-adoption says it), written while the step's event is being confirmed.
+        if self.journal is not None and self.events is not None and self.events_confirm_timeout > 0:
+            # With events confirmed, the journal's step count is exact for every answered step
+            # (the closed event after a re-adoption says it), written while the event is confirmed.
             row = self.journal.progress(
                 session.id, seq_reserved=session.seq_reserved, emitted=session.acked_seq, steps=session.steps, urgent=True
             )

@@ -39,6 +39,7 @@ node_id = "{node}"
 listen_tcp = "127.0.0.1:{{port}}"
 nats_url = "{nats}"
 events_outbox = "{outbox}"
+session_journal = "{outbox}.journal"
 events_confirm_timeout = {confirm}
 heartbeat_interval = 5.0
 [[pools]]
