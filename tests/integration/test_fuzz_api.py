@@ -266,3 +266,34 @@ def test_oversized_fields_are_named_not_echoed(live_session: tuple[grpc.Channel,
             create(request, timeout=20)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in (err.value.details() or "")
         assert len(err.value.details() or "") < 500
+
+
+def test_domain_errors_carry_their_fields(live_session: tuple[grpc.Channel, str]) -> None:
+    """One interceptor maps every error: the status, the message, and the error's structured
+    fields as trailing metadata (here the session an exec ran into)."""
+    channel, _ = live_session
+    create = channel.unary_unary(
+        "/rlsandbox.v1.SandboxService/CreateSession",
+        request_serializer=pb.CreateSessionRequest.SerializeToString,
+        response_deserializer=pb.Session.FromString,
+    )
+    execute = channel.unary_unary(
+        "/rlsandbox.v1.SandboxService/Exec",
+        request_serializer=pb.ExecRequest.SerializeToString,
+        response_deserializer=pb.ExecResult.FromString,
+    )
+    close = channel.unary_unary(
+        "/rlsandbox.v1.SandboxService/CloseSession",
+        request_serializer=pb.CloseSessionRequest.SerializeToString,
+        response_deserializer=pb.CloseSessionResponse.FromString,
+    )
+    sid = create(pb.CreateSessionRequest(pool="python", acquire_timeout=60), timeout=90).session_id
+    try:
+        execute(pb.ExecRequest(session_id=sid, shell="true", seq=1), timeout=20)
+        with pytest.raises(grpc.RpcError) as err:
+            execute(pb.ExecRequest(session_id=sid, shell="false", seq=1), timeout=20)
+    finally:
+        close(pb.CloseSessionRequest(session_id=sid), timeout=60)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    trailing = dict(err.value.trailing_metadata() or ())
+    assert trailing.get("rlsandbox-session-id") == sid, trailing

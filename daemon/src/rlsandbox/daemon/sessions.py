@@ -16,7 +16,7 @@ import hashlib
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,7 +37,7 @@ from rlsandbox.daemon.grading.grader import Grader
 from rlsandbox.daemon.grading.rewards import GradeResult
 from rlsandbox.daemon.grading.task import Task
 from rlsandbox.daemon.journal import SEQ_BLOCK, JournalEntry, SessionJournal
-from rlsandbox.daemon.model import ExecRequest, ExecResult
+from rlsandbox.daemon.model import ExecRequest, ExecResult, FileRead, FileWrite, FileWriteResult
 from rlsandbox.daemon.pool import SandboxFactory, WarmPool
 from rlsandbox.daemon.sandbox import Sandbox
 
@@ -520,9 +520,34 @@ class SessionManager:
             self._storm_alerted_at = now
             self.events.emit_node(ev.ALERT, {"kind": "timeout_storm", "timeouts": len(self._timeouts), "window_s": window})
 
-    def files_written(self, session: Session, files: list[tuple[str, int]]) -> None:
-        """Record a WriteFiles call: (path, size) of each file."""
-        self._emit(session, ev.FILES, {"files": [{"path": p, "bytes": n} for p, n in files[:1000]], "count": len(files)})
+    async def write_files(self, session_id: str, files: Sequence[FileWrite], *, timeout: float) -> list[FileWriteResult]:
+        """Write files into a session's sandbox (counted in flight, so the idle reaper waits for
+        it); a ``files`` event lists what was written, and the call returns once it is durable."""
+        session = self.get(session_id)
+        sandbox = session.require_ready()
+        session.touch()
+        session.in_flight += 1
+        try:
+            results = await sandbox.write_files(files, timeout)
+        finally:
+            session.in_flight -= 1
+            session.touch()
+        written = [(f.path, len(f.data)) for f, r in zip(files, results, strict=True) if not r.error]
+        self._emit(session, ev.FILES, {"files": [{"path": p, "bytes": n} for p, n in written[:1000]], "count": len(written)})
+        await self._confirm(session)
+        return results
+
+    async def read_files(self, session_id: str, paths: Sequence[str], *, max_bytes: int, timeout: float) -> list[FileRead]:
+        """Read files from a session's sandbox (counted in flight, like every session operation)."""
+        session = self.get(session_id)
+        sandbox = session.require_ready()
+        session.touch()
+        session.in_flight += 1
+        try:
+            return await sandbox.read_files(paths, max_bytes, timeout)
+        finally:
+            session.in_flight -= 1
+            session.touch()
 
     def get(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)

@@ -1,20 +1,48 @@
-"""The API's edge: every request is decoded and size-checked here, before any handler runs.
+"""The API's edge: every request is decoded, size-checked and its errors mapped here, in one
+place, around every handler.
 
-grpc decodes a request with the message's deserializer before the handler is called; a decode
-error there (invalid UTF-8 in a string field, corrupt wire bytes) used to escape as UNKNOWN with a
-logged traceback. This interceptor decodes leniently, and a request that cannot be decoded, or
-that has a field over its limit (``api/limits.py``), ends INVALID_ARGUMENT with a message that
-says what to do and does not echo the input.
+- grpc decodes a request with the message's deserializer before the handler is called; a decode
+  error there (invalid UTF-8 in a string field, corrupt wire bytes) used to escape as UNKNOWN with
+  a logged traceback. Requests are decoded leniently here, and one that cannot be decoded, or that
+  has a field over its limit (``api/limits.py``), ends INVALID_ARGUMENT with a message that says
+  what to do and does not echo the input.
+- A :class:`SandboxError` raised by a handler becomes its status code and message, with its
+  structured fields (session, container, pool) as trailing metadata ``rlsandbox-<field>`` and in
+  the log line; RESOURCE_EXHAUSTED carries ``retry-after``. Anything else is a bug: logged with its
+  traceback, INTERNAL. Nothing reaches a client as UNKNOWN.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
 from rlsandbox.daemon.api.limits import LimitExceeded, check
+from rlsandbox.daemon.errors import ResourceExhausted, SandboxError
+
+log = logging.getLogger(__name__)
+
+
+def _printable(value: object) -> str:
+    """A metadata value: printable ASCII only (gRPC refuses anything else), at most 200 characters."""
+    return "".join(c if " " <= c <= "~" else "?" for c in str(value)[:200])
+
+
+async def abort_with(context: grpc.aio.ServicerContext, error: Exception, method: str) -> None:
+    """The one mapping of exceptions to statuses (raises grpc.aio.AbortError)."""
+    if isinstance(error, SandboxError):
+        metadata = [(f"rlsandbox-{key.replace('_', '-')}", _printable(value)) for key, value in error.fields.items()]
+        if isinstance(error, ResourceExhausted) and error.retry_after:
+            metadata.append(("retry-after", f"{error.retry_after:.1f}"))
+        if metadata:
+            context.set_trailing_metadata(tuple(metadata))
+        log.info("%s: %s %s %s", method, error.code.name, error.message[:300], error.fields or "")
+        await context.abort(error.code, error.message)
+    log.error("internal error in %s", method, exc_info=error)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see the daemon log")
 
 
 class _Undecodable:
@@ -68,7 +96,12 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
                 problem = _problem(request, method)
                 if problem is not None:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-                return await inner(request, context)
+                try:
+                    return await inner(request, context)
+                except grpc.aio.AbortError:
+                    raise
+                except Exception as e:
+                    await abort_with(context, e, method)
 
             return grpc.unary_unary_rpc_method_handler(unary, request_deserializer=des, response_serializer=ser)
         stream_inner: Any = handler.unary_stream
@@ -77,7 +110,12 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
             problem = _problem(request, method)
             if problem is not None:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-            async for item in stream_inner(request, context):
-                yield item
+            try:
+                async for item in stream_inner(request, context):
+                    yield item
+            except grpc.aio.AbortError:
+                raise
+            except Exception as e:
+                await abort_with(context, e, method)
 
         return grpc.unary_stream_rpc_method_handler(stream, request_deserializer=des, response_serializer=ser)

@@ -1,25 +1,23 @@
 """The gRPC servicer: translates between protobuf and the session manager, nothing more.
 
-Errors are mapped in one place (:func:`_translate_errors`): a :class:`SandboxError` becomes its
-status code and message; anything else is a bug, logged with its traceback, and INTERNAL.
+Errors are mapped in one place, the edge interceptor (``api/edge.py``): a :class:`SandboxError`
+becomes its status code, message and fields; anything else is a bug, logged, and INTERNAL.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import Any, TypeVar
 
 import grpc
 from rlsandbox.daemon import __version__
 from rlsandbox.daemon.api import convert
 from rlsandbox.daemon.config import DaemonConfig
-from rlsandbox.daemon.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, SandboxError, Unavailable
+from rlsandbox.daemon.errors import FailedPrecondition, InvalidArgument, SandboxError, Unavailable
 from rlsandbox.daemon.model import OutputChunk
 from rlsandbox.daemon.sessions import SessionManager
 from rlsandbox.v1 import sandbox_pb2 as pb
@@ -27,35 +25,7 @@ from rlsandbox.v1 import sandbox_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-R = TypeVar("R")
 MAX_BATCH = 4096
-
-
-async def _abort(context: grpc.aio.ServicerContext, error: Exception, call: str) -> None:
-    """The one mapping of exceptions to statuses: typed errors keep their code and message;
-    anything else is a bug, logged with its traceback, and INTERNAL."""
-    if isinstance(error, SandboxError):
-        if isinstance(error, ResourceExhausted) and error.retry_after:
-            context.set_trailing_metadata((("retry-after", f"{error.retry_after:.1f}"),))
-        await context.abort(error.code, error.message)
-    log.error("internal error in %s", call, exc_info=error)
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {call}; see the daemon log")
-
-
-def _translate_errors(
-    handler: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]],
-) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]:
-    @functools.wraps(handler)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
-        try:
-            return await handler(self, request, context)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as e:
-            await _abort(context, e, handler.__name__)
-        raise AssertionError("unreachable: context.abort raises")
-
-    return wrapper
 
 
 class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
@@ -67,7 +37,6 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         self.started = time.monotonic()
         self.serving = True
 
-    @_translate_errors
     async def CreateSession(self, request: pb.CreateSessionRequest, context: grpc.aio.ServicerContext) -> pb.Session:
         options = convert.session_options(request, self.config)
         if not self.docker_ok():
@@ -80,22 +49,18 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         session = await self.sessions.create(options)
         return convert.session(session, self.sessions.node_id)
 
-    @_translate_errors
     async def GetSession(self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext) -> pb.Session:
         return convert.session(self.sessions.get(request.session_id), self.sessions.node_id)
 
-    @_translate_errors
     async def ListSessions(self, request: pb.ListSessionsRequest, context: grpc.aio.ServicerContext) -> pb.ListSessionsResponse:
         found = self.sessions.list(dict(request.labels), request.pool)
         return pb.ListSessionsResponse(sessions=[convert.session(s, self.sessions.node_id) for s in found])
 
-    @_translate_errors
     async def CloseSession(self, request: pb.CloseSessionRequest, context: grpc.aio.ServicerContext) -> pb.CloseSessionResponse:
         if not request.session_id:
             raise InvalidArgument("session_id is empty")
         return pb.CloseSessionResponse(closed=await self.sessions.close(request.session_id))
 
-    @_translate_errors
     async def Exec(self, request: pb.ExecRequest, context: grpc.aio.ServicerContext) -> pb.ExecResult:
         req = convert.exec_request(request, self.config, context.time_remaining())
         result, replayed = await self.sessions.exec(request.session_id, req, seq=request.seq)
@@ -106,30 +71,24 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         # command's output caps, so a slow client can hold at most stdout_cap + stderr_cap here,
         # and the agent's reader is never blocked by one slow stream.
         queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
+        req = convert.exec_request(request, self.config, context.time_remaining())
+        task = asyncio.create_task(self.sessions.exec(request.session_id, req, seq=request.seq, on_chunk=queue.put_nowait))
+        task.add_done_callback(lambda _t: queue.put_nowait(None))
         try:
-            req = convert.exec_request(request, self.config, context.time_remaining())
-            task = asyncio.create_task(self.sessions.exec(request.session_id, req, seq=request.seq, on_chunk=queue.put_nowait))
-            task.add_done_callback(lambda _t: queue.put_nowait(None))
-            try:
-                while (item := await queue.get()) is not None:
-                    yield _chunk_event(item)
-                result, replayed = await task
-            finally:
-                if not task.done():
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
-            if replayed:
-                if result.stdout:
-                    yield pb.ExecStreamEvent(stdout=result.stdout)
-                if result.stderr:
-                    yield pb.ExecStreamEvent(stderr=result.stderr)
-            yield pb.ExecStreamEvent(result=convert.exec_result(result, replayed))
-        except grpc.aio.AbortError:
-            raise
-        except Exception as e:
-            await _abort(context, e, "ExecStream")
+            while (item := await queue.get()) is not None:
+                yield _chunk_event(item)
+            result, replayed = await task
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if replayed:
+            if result.stdout:
+                yield pb.ExecStreamEvent(stdout=result.stdout)
+            if result.stderr:
+                yield pb.ExecStreamEvent(stderr=result.stderr)
+        yield pb.ExecStreamEvent(result=convert.exec_result(result, replayed))
 
-    @_translate_errors
     async def ExecBatch(self, request: pb.ExecBatchRequest, context: grpc.aio.ServicerContext) -> pb.ExecBatchResponse:
         if len(request.requests) > MAX_BATCH:
             raise InvalidArgument(f"at most {MAX_BATCH} commands per batch (got {len(request.requests)})")
@@ -146,14 +105,10 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         items = await asyncio.gather(*(one(r) for r in request.requests))
         return pb.ExecBatchResponse(items=items)
 
-    @_translate_errors
     async def WriteFiles(self, request: pb.WriteFilesRequest, context: grpc.aio.ServicerContext) -> pb.WriteFilesResponse:
         session = self.sessions.get(request.session_id)
         files = convert.file_writes(request, session.workdir)
-        sandbox = session.require_ready()
-        session.touch()
-        results = await sandbox.write_files(files, timeout=_budget(context, 120.0))
-        self.sessions.files_written(session, [(f.path, len(f.data)) for f, r in zip(files, results, strict=True) if not r.error])
+        results = await self.sessions.write_files(session.id, files, timeout=_budget(context, 120.0))
         failed = [r for r in results if r.error]
         if failed:
             raise FailedPrecondition(
@@ -161,13 +116,10 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             )
         return pb.WriteFilesResponse()
 
-    @_translate_errors
     async def ReadFiles(self, request: pb.ReadFilesRequest, context: grpc.aio.ServicerContext) -> pb.ReadFilesResponse:
         session = self.sessions.get(request.session_id)
         paths, max_bytes = convert.read_paths(request, self.config, session.workdir)
-        sandbox = session.require_ready()
-        session.touch()
-        reads = await sandbox.read_files(paths, max_bytes=max_bytes, timeout=_budget(context, 120.0))
+        reads = await self.sessions.read_files(session.id, paths, max_bytes=max_bytes, timeout=_budget(context, 120.0))
         return pb.ReadFilesResponse(
             files=[
                 pb.FileData(path=asked, data=r.data, size=r.size, truncated=r.truncated, error=r.error or "")
@@ -175,7 +127,6 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             ]
         )
 
-    @_translate_errors
     async def Evaluate(self, request: pb.EvaluateRequest, context: grpc.aio.ServicerContext) -> pb.GradeResult:
         task = convert.task(request.task) if request.HasField("task") else None
         mode = "in_place" if request.mode == pb.EVALUATE_MODE_IN_PLACE else "clean_room"
@@ -188,7 +139,6 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         session, used, result = await self.sessions.evaluate(request.session_id, task, mode=mode, timeout=timeout)
         return convert.grade_result(result, task_id=used.id, session_id=session.id)
 
-    @_translate_errors
     async def GetNodeStatus(self, request: pb.GetNodeStatusRequest, context: grpc.aio.ServicerContext) -> pb.NodeStatus:
         pools = []
         for pool in self.sessions.pools.values():
