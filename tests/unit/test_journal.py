@@ -74,3 +74,16 @@ async def test_an_old_file_gains_the_new_column(tmp_path: Path) -> None:
     [old] = journal.load()
     assert old.transport == "socket" and old.emitted == 0 and old.steps == 3
     await journal.close()
+
+
+async def test_a_failing_write_never_leaves_a_caller_waiting(tmp_path: Path) -> None:
+    journal = SessionJournal(tmp_path / "j.sqlite3", "n1")
+
+    def broken(*args: object) -> None:
+        raise OSError("disk gone")
+
+    journal._apply = broken  # type: ignore[method-assign]  # a fault that cannot be produced on demand
+    await asyncio.wait_for(journal.record(entry("a")), 5)  # answered, not hung
+    await asyncio.wait_for(journal.progress("a", seq_reserved=64, emitted=1, steps=1, urgent=True), 5)
+    assert journal.write_errors == 2
+    await journal.close()

@@ -155,11 +155,16 @@ class SessionJournal:
     async def _flush(self) -> None:
         ops, progress, waiters = self._ops, self._progress, self._waiters
         self._ops, self._progress, self._waiters = [], {}, []
-        if ops or progress:
-            await asyncio.to_thread(self._apply, ops, progress)
-        for w in waiters:
-            if not w.done():
-                w.set_result(None)
+        try:
+            if ops or progress:
+                await asyncio.to_thread(self._apply, ops, progress)
+        except Exception:  # whatever happens, the writer lives on and nobody waits forever
+            self.write_errors += 1
+            log.exception("session journal %s: write failed; a restart may not re-adopt these sessions", self.path)
+        finally:
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
 
     def _pending(self, urgent: bool = True) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
