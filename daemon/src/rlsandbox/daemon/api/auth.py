@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from rlsandbox.daemon.api.edge import with_behaviour
 from rlsandbox.daemon.errors import InvalidArgument
 
 
@@ -88,11 +89,4 @@ def _denied(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, _MESSAGE)
         yield  # pragma: no cover - abort raises
 
-    des, ser = handler.request_deserializer, handler.response_serializer
-    if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(unary, request_deserializer=des, response_serializer=ser)
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(stream, request_deserializer=des, response_serializer=ser)
-    if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(unary, request_deserializer=des, response_serializer=ser)
-    return grpc.stream_stream_rpc_method_handler(stream, request_deserializer=des, response_serializer=ser)
+    return with_behaviour(handler, unary, stream)

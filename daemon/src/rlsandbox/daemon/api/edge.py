@@ -78,6 +78,24 @@ def _problem(request: Any, method: str) -> str | None:
     return None
 
 
+def with_behaviour(
+    handler: grpc.RpcMethodHandler,
+    unary: Callable[..., Any],
+    stream: Callable[..., Any],
+    request_deserializer: Callable[[bytes], Any] | None = None,
+) -> grpc.RpcMethodHandler:
+    """``handler`` with its behaviour replaced (the unary or the streaming one, as it has)."""
+    des = request_deserializer or handler.request_deserializer
+    ser = handler.response_serializer
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(unary, request_deserializer=des, response_serializer=ser)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(stream, request_deserializer=des, response_serializer=ser)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(unary, request_deserializer=des, response_serializer=ser)
+    return grpc.stream_stream_rpc_method_handler(stream, request_deserializer=des, response_serializer=ser)
+
+
 class EdgeInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(
         self,
@@ -88,23 +106,19 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or handler.request_streaming:
             return handler
         method = handler_call_details.method.rsplit("/", 1)[-1]
-        des, ser = _lenient(handler.request_deserializer), handler.response_serializer
-        if handler.unary_unary:
-            inner: Any = handler.unary_unary
-
-            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                problem = _problem(request, method)
-                if problem is not None:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-                try:
-                    return await inner(request, context)
-                except grpc.aio.AbortError:
-                    raise
-                except Exception as e:
-                    await abort_with(context, e, method)
-
-            return grpc.unary_unary_rpc_method_handler(unary, request_deserializer=des, response_serializer=ser)
+        inner: Any = handler.unary_unary
         stream_inner: Any = handler.unary_stream
+
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            problem = _problem(request, method)
+            if problem is not None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+            try:
+                return await inner(request, context)
+            except grpc.aio.AbortError:
+                raise
+            except Exception as e:
+                await abort_with(context, e, method)
 
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             problem = _problem(request, method)
@@ -118,4 +132,4 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
             except Exception as e:
                 await abort_with(context, e, method)
 
-        return grpc.unary_stream_rpc_method_handler(stream, request_deserializer=des, response_serializer=ser)
+        return with_behaviour(handler, unary, stream, _lenient(handler.request_deserializer))

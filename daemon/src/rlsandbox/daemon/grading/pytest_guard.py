@@ -180,33 +180,29 @@ def _install(cfg):
         code = getattr(fn, "__code__", None)
         return code is not None and _type(code.co_filename) is _str and code.co_filename.startswith(runner_root)
 
-    def verify():
-        for name, (mod, members) in modules.items():
-            current = vars(mod)
-            for key_, value in list(members.items()):
-                now = current.get(key_)
-                if now is not value:
-                    if runner_owned(now):
-                        members[key_] = now
-                    else:
-                        tamper("%s.%s was replaced during the test run" % (name, key_))
-            if sys.modules.get(name) is not mod:
-                tamper("sys.modules[%r] was replaced during the test run" % name)
-        for cls, members in classes:
-            current = vars(cls)
-            for key_, value in list(members.items()):
-                now = current.get(key_)
-                if now is not value:
-                    if runner_owned(now):
-                        members[key_] = now
-                    else:
-                        tamper("%s.%s.%s was replaced during the test run" % (cls.__module__, cls.__qualname__, key_))
+    def check_members(what, members, current, added_too):
+        for key_, value in list(members.items()):
+            now = current.get(key_)
+            if now is not value:
+                if runner_owned(now):
+                    members[key_] = now
+                else:
+                    tamper("%s.%s was replaced during the test run" % (what, key_))
+        if added_too:
             for key_ in list(current):
                 if key_ not in members and callable(current[key_]):
                     if runner_owned(current[key_]):
                         members[key_] = current[key_]
                     else:
-                        tamper("%s.%s.%s was added during the test run" % (cls.__module__, cls.__qualname__, key_))
+                        tamper("%s.%s was added during the test run" % (what, key_))
+
+    def verify():
+        for name, (mod, members) in modules.items():
+            check_members(name, members, vars(mod), False)
+            if sys.modules.get(name) is not mod:
+                tamper("sys.modules[%r] was replaced during the test run" % name)
+        for cls, members in classes:
+            check_members("%s.%s" % (cls.__module__, cls.__qualname__), members, vars(cls), True)
 
     def culprit():
         """The file of the nearest frame that raised the event, past the stdlib's frame helpers."""
