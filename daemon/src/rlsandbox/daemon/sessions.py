@@ -603,7 +603,8 @@ class SessionManager:
         sandbox = session.require_ready()
         session.touch()
         if seq:
-            fingerprint = step_fingerprint(req)
+            # Hashing megabytes of stdin is CPU work: off the event loop when it is large.
+            fingerprint = step_fingerprint(req) if len(req.stdin) < 1 << 20 else await asyncio.to_thread(step_fingerprint, req)
             earlier = session._step_results.get(seq)
             if earlier is not None:
                 if earlier[0] != fingerprint:

@@ -21,6 +21,7 @@ import shlex
 import tarfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from rlsandbox.daemon.errors import FailedPrecondition, FileTooLarge, SandboxError
 from rlsandbox.daemon.grading.guard import GUARD_SOURCE, PYTEST_FORMATS, guard_setup, read_guard_log, split_records
@@ -159,7 +160,6 @@ class Grader:
         if pool is None:  # pragma: no cover - a session's pool exists while the session does
             raise FailedPrecondition(f"pool {agent.pool} is gone")
         ws = task.spec.workspace.path
-        ev = task.spec.evaluation
         try:
             agent_archive = await self.runtime.get_archive(agent.container_id, ws, self.max_workspace_bytes)
         except FileTooLarge:
@@ -175,39 +175,54 @@ class Grader:
                 raise TaskSetupFailed(
                     f"the task's own workspace is over the grading limit of {MAX_SNAPSHOT_BYTES >> 20} MiB"
                 ) from None
-            base = snapshot_from_archive(base_archive)  # the engine's archive of a fresh sandbox: a failure is infra
             try:
-                mine = snapshot_from_archive(agent_archive)
-            except (tarfile.TarError, OSError, ValueError) as e:
-                return _agents_mess(f"the grader cannot read the agent's workspace ({e}), though it reads the task's")
-            imports, execs = command_paths(ev.test_command, ev.env, ws)
-            shadow = Shadowing(facts.reserved if facts else frozenset(), frozenset(imports), frozenset(execs))
-            patch_targets = patch_paths(ev.test_patch.encode()) if ev.test_patch else []
-            hidden_paths = [*ev.hidden_tests, *patch_targets]
-            changes = plan(base, mine, protected=ev.protected, test_files=ev.test_files, hidden=hidden_paths, shadow=shadow)
-            findings = [f for p, e in changes.writes.items() if e.type == "file" for f in scan(p, _data(base, p), e.data)]
-            if ev.test_patch:
-                try:
-                    self._apply_test_patch(ev.test_patch.encode(), base, changes)
-                except AgentsMess as e:
-                    result = _agents_mess(e.message)
-                    result.tampering = changes.discarded
-                    return result
+                # Parsing, diffing, scanning and packing workspaces is CPU work: off the event loop.
+                planned = await asyncio.to_thread(self._plan_room, task, facts, base_archive, agent_archive)
+            except AgentsMess as e:
+                result = _agents_mess(e.message)
+                result.tampering = e.discarded
+                return result
+            changes, mine, patch_targets = planned.changes, planned.mine, planned.patch_targets
             if changes.deletes:
                 for i in range(0, len(changes.deletes), 500):
                     chunk = tuple(posixpath.join(ws, p) for p in changes.deletes[i : i + 500])
                     await self._infra(room, ExecRequest(argv=("rm", "-rf", "--", *chunk), timeout=STEP_TIMEOUT), "delete files")
-            hidden = {p: c.encode() for p, c in ev.hidden_tests.items()}
-            if changes.writes or hidden:
-                await self.runtime.put_archive(room.container_id, ws, changes_tar(changes.writes, hidden))
+            if planned.tar:
+                await self.runtime.put_archive(room.container_id, ws, planned.tar)
             changed = [posixpath.join(ws, p) for p, e in changes.writes.items() if e.type == "file" and p not in patch_targets]
-            result = await self._evaluate(room, task, facts=facts, changed=changed, detected=findings)
+            result = await self._evaluate(room, task, facts=facts, changed=changed, detected=planned.findings)
             result.tampering = changes.discarded + result.tampering
             if mine.skipped:
                 result.tampering.append(f"{len(mine.skipped)} device, fifo or socket file(s) not copied")
             return result
         finally:
             await pool.release(room, "clean room done")
+
+    def _plan_room(self, task: Task, facts: ImportFacts | None, base_archive: bytes, agent_archive: bytes) -> _Planned:
+        """What the clean room gets (pure; runs in a worker thread). Raises AgentsMess for what the
+        agent's workspace makes impossible, TaskSetupFailed for a broken task."""
+        ev = task.spec.evaluation
+        ws = task.spec.workspace.path
+        base = snapshot_from_archive(base_archive)  # the engine's archive of a fresh sandbox: a failure is infra
+        try:
+            mine = snapshot_from_archive(agent_archive)
+        except (tarfile.TarError, OSError, ValueError) as e:
+            raise AgentsMess(f"the grader cannot read the agent's workspace ({e}), though it reads the task's") from None
+        imports, execs = command_paths(ev.test_command, ev.env, ws)
+        shadow = Shadowing(facts.reserved if facts else frozenset(), frozenset(imports), frozenset(execs))
+        patch_targets = patch_paths(ev.test_patch.encode()) if ev.test_patch else []
+        hidden_paths = [*ev.hidden_tests, *patch_targets]
+        changes = plan(base, mine, protected=ev.protected, test_files=ev.test_files, hidden=hidden_paths, shadow=shadow)
+        findings = [f for p, e in changes.writes.items() if e.type == "file" for f in scan(p, _data(base, p), e.data)]
+        if ev.test_patch:
+            try:
+                self._apply_test_patch(ev.test_patch.encode(), base, changes)
+            except AgentsMess as e:
+                e.discarded = changes.discarded
+                raise
+        hidden = {p: c.encode() for p, c in ev.hidden_tests.items()}
+        tar = changes_tar(changes.writes, hidden) if changes.writes or hidden else b""
+        return _Planned(changes, mine, patch_targets, findings, tar)
 
     def _apply_test_patch(self, patch: bytes, base: Snapshot, changes: Changes) -> None:
         """Apply the task's test patch, with the grader's own code, over the planned changes.
@@ -432,6 +447,16 @@ class AgentsMess(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+        self.discarded: list[str] = []
+
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    changes: Changes
+    mine: Snapshot
+    patch_targets: list[str]
+    findings: list[str]
+    tar: bytes
 
 
 def _agents_mess(why: str) -> GradeResult:
