@@ -209,8 +209,8 @@ def test_shadowing_roots() -> None:
 def test_explicit_import_dirs_are_roots_even_when_packages() -> None:
     base = snap("lib/__init__.py", "lib/a.py")
     agent = snap(*base.entries, "lib/pytest.py")
-    assert Shadowing(RESERVED).why("lib/pytest.py", False, agent.entries, base.entries) is None
-    assert "shadows" in (Shadowing(RESERVED, frozenset({"lib"})).why("lib/pytest.py", False, agent.entries, base.entries) or "")
+    assert Shadowing(RESERVED).why("lib/pytest.py", "file", agent.entries, base.entries) is None
+    assert "shadows" in (Shadowing(RESERVED, frozenset({"lib"})).why("lib/pytest.py", "file", agent.entries, base.entries) or "")
 
 
 def test_command_paths_and_interpreters() -> None:
@@ -223,7 +223,9 @@ def test_command_paths_and_interpreters() -> None:
     assert execs == {"bin"}
     assert interpreters("cd x && /opt/venv/bin/python3.11 -m pytest; python -c 1") == ["/opt/venv/bin/python3.11", "python"]
     assert interpreters("pytest -q") == ["python3"]
-    assert Shadowing(frozenset(), exec_dirs=frozenset({"bin"})).why("bin/go", False, {}, {}) == "on the test command's PATH (bin)"
+    assert (
+        Shadowing(frozenset(), exec_dirs=frozenset({"bin"})).why("bin/go", "file", {}, {}) == "on the test command's PATH (bin)"
+    )
 
 
 def test_probe_runs_here() -> None:
@@ -270,3 +272,14 @@ def test_nested_git_folders_never_reach_the_clean_room() -> None:
     from rlsandbox.daemon.grading.workspace import snapshot_from_archive
 
     assert set(snapshot_from_archive(buf.getvalue()).entries) == {"a.py", "sub/b.py"}
+
+
+def test_a_symlink_named_like_the_runner_is_shadowing() -> None:
+    """`pytest -> evil/` (a folder with __init__.py and __main__.py): `python3 -m pytest` would run it."""
+    base = snap("src/textkit/__init__.py")
+    agent = snap(*base.entries, "evil/__init__.py", "evil/__main__.py")
+    agent.entries["pytest"] = Entry("symlink", 0o777, target="evil")
+    agent.entries["src/pluggy"] = Entry("symlink", 0o777, target="../evil")
+    changes = plan(base, agent, protected=[], test_files=[], hidden=[], shadow=Shadowing(RESERVED))
+    assert {d.split(":")[0] for d in changes.discarded} == {"pytest", "src/pluggy"}
+    assert "evil/__main__.py" in changes.writes  # harmless under its own name

@@ -120,8 +120,10 @@ class Shadowing:
     import_dirs: frozenset[str] = frozenset()  # named by the command or env, beyond the implicit ones
     exec_dirs: frozenset[str] = frozenset()
 
-    def why(self, path: str, is_dir: bool, agent: Mapping[str, object], base: Mapping[str, object]) -> str | None:
-        """Why the agent's new or changed ``path`` may not reach the clean room, or None."""
+    def why(self, path: str, kind: str, agent: Mapping[str, object], base: Mapping[str, object]) -> str | None:
+        """Why the agent's new or changed ``path`` (a "file", "dir" or "symlink") may not reach the
+        clean room, or None. A symlink is judged by its name alone: it may point at a package."""
+        is_dir = kind == "dir"
         parent = posixpath.dirname(path)
         if not is_dir and parent in self.exec_dirs:
             return f"on the test command's PATH ({parent or 'workspace root'})"
@@ -137,9 +139,12 @@ class Shadowing:
                 if is_dir:
                     continue
                 m = _IMPORT_SUFFIX.match(first)
-                if not m:
+                if m:
+                    name = m.group(1)
+                elif kind == "symlink":
+                    name = first
+                else:
                     continue
-                name = m.group(1)
             else:
                 name = first
                 pkg = posixpath.join(root, first, "__init__.py")

@@ -170,7 +170,7 @@ def plan(
         if why is None and parent and agent.entries.get(parent, Entry("dir", 0)).type != "dir":
             why = "inside something that is not a folder"
         if why is None and shadow is not None:
-            why = shadow.why(path, entry.type == "dir", agent.entries, base.entries)
+            why = shadow.why(path, entry.type, agent.entries, base.entries)
         if why is not None:
             changes.discarded.append(f"{path}: {'added' if old is None else 'changed'} ({why}; discarded)")
             continue
