@@ -409,14 +409,15 @@ def patch_files(patch: str) -> list[str]:
     return files
 
 
-_TEST_FOLDER = re.compile(r"(^|[_.-])tests?($|[_.-])|^testing$")
+# A folder named like one that holds tests (tests, test_utils, unit_tests, testing, spec, __tests__).
+TEST_FOLDER = re.compile(r"(^|[_.-])tests?($|[_.-])|^testing$|^spec$|^__tests__$")
 
 
 def folder_globs_of_tests(test_files: list[str]) -> list[str]:
     """``folder/**`` for each folder of ``test_files`` named like a test folder: its __init__.py,
     conftest files, helpers and data belong to the tests (the grader also finds these itself)."""
     folders = {posixpath.dirname(f) for f in test_files if posixpath.dirname(f)}
-    named = sorted(f for f in folders if _TEST_FOLDER.search(posixpath.basename(f)))
+    named = sorted(f for f in folders if TEST_FOLDER.search(posixpath.basename(f)))
     return [f"{f}/**" for f in named if not any(f.startswith(g + "/") for g in named)]
 
 

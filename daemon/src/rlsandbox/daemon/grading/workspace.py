@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import io
 import posixpath
-import re
 import tarfile
 from dataclasses import dataclass, field
 
 from rlsandbox.daemon.grading.shadowing import Shadowing
-from rlsandbox.daemon.grading.task import matches
+from rlsandbox.daemon.grading.task import TEST_FOLDER, matches
 
 # The agent's commits are not part of its solution (history is reset at start), and a repository
 # anywhere in the tree is configuration that tools would obey: no .git folder is ever copied.
@@ -92,9 +91,6 @@ def _ancestor_of_any(path: str, paths: set[str]) -> bool:
     return any(p.startswith(prefix) for p in paths)
 
 
-_TEST_DIR = re.compile(r"(^|[_.-])tests?($|[_.-])|^testing$|^spec$|^__tests__$")
-
-
 def folders_holding_tests(base: Snapshot, test_files: list[str]) -> list[str]:
     """The folders that hold the task's test files, as glob patterns of their whole contents.
 
@@ -114,7 +110,7 @@ def folders_holding_tests(base: Snapshot, test_files: list[str]) -> list[str]:
         folder = posixpath.dirname(p)
         if not folder:
             continue
-        named = bool(_TEST_DIR.search(posixpath.basename(folder)))
+        named = bool(TEST_FOLDER.search(posixpath.basename(folder)))
         only_tests = all(
             matches(q, test_files) or posixpath.basename(q) in ("__init__.py", "conftest.py")
             for q in py_by_folder.get(folder, [])
