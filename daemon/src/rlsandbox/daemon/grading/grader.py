@@ -371,7 +371,7 @@ class Grader:
             # The guard deletes its key file as it loads, before any workspace code runs. A key
             # file still there means no guard loaded, and the code under test could read the
             # key: records are then not trusted, whatever they say.
-            key_left = await self._exists(room, guard.config_path)
+            key_left = await self._exists(room, guard.config_path) if checked.started else True
             if key_left and checked.started:
                 detected.append("signed pytest-guard records appeared although the guard never loaded: forged")
             if checked.started and not key_left:
