@@ -16,6 +16,7 @@ import resource
 import secrets
 import signal
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,8 @@ from rlsandbox.daemon.grading.grader import Grader
 from rlsandbox.daemon.journal import SessionJournal
 from rlsandbox.daemon.pool import CreateLimiter, Reconciler, SandboxFactory, WarmPool
 from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, DockerRuntime
-from rlsandbox.daemon.sessions import SessionManager
+from rlsandbox.daemon.session import SessionManager
+from rlsandbox.daemon.status import NodeStatus, PoolStatus
 from rlsandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -77,7 +79,7 @@ class NodeDaemon:
                 outbox_max_bytes=config.events_outbox_max_bytes,
                 publish_timeout=config.events_publish_timeout,
                 heartbeat_interval=config.heartbeat_interval,
-                heartbeat=self._heartbeat,
+                heartbeat=lambda: self.status().heartbeat(),
                 step_batch=config.events_step_batch,
                 auth=config.nats_auth(),
             )
@@ -96,7 +98,9 @@ class NodeDaemon:
         self.reconciler = Reconciler(self.factory, interval=config.reconcile_interval)
         self.health = HealthServicer()
         self.docker_ok = False
-        self.servicer = SandboxServicer(self.sessions, config, docker_ok=lambda: self.docker_ok)
+        self.serving = True
+        self.started = time.monotonic()
+        self.servicer = SandboxServicer(self.sessions, config, docker_ok=lambda: self.docker_ok, status=self.status)
         self.server: grpc.aio.Server | None = None
         self.unix_server: grpc.aio.Server | None = None  # only when the unix socket is open and TCP is not
         self.tcp_port: int | None = None
@@ -124,25 +128,25 @@ class NodeDaemon:
         )
         return server
 
-    def _heartbeat(self) -> dict[str, Any]:
-        """A node heartbeat's data: capacity, pools, load, version."""
-        pools = {}
-        for pool in self.pools.values():
-            st = pool.stats()
-            pools[pool.name] = {"ready": st.ready, "in_use": st.in_use, "creating": st.creating, "max_total": st.max_total}
-        return {
-            "version": __version__,
-            "sessions": len(self.sessions.sessions),
-            "max_sessions": self.sessions.max_sessions,
-            "free": max(0, self.sessions.max_sessions - len(self.sessions.sessions)),
-            "pools": pools,
-            "load1": os.getloadavg()[0],
-            "docker_reachable": self.docker_ok,
-            "execs_total": self.sessions.execs_total,
-            "sessions_adopted": self.sessions.adopted_total,  # re-adopted at this start, after a crash
-            "sessions_lost": self.sessions.lost_total,  # journalled but not re-adoptable
-            "events_unconfirmed": self.sessions.events_unconfirmed_total,  # answered before their events were durable
-        }
+    def status(self) -> NodeStatus:
+        """The node's status: what GetNodeStatus answers and the heartbeat carries."""
+        sessions = self.sessions
+        return NodeStatus(
+            node_id=self.config.node_id,
+            version=__version__,
+            pools=[PoolStatus(p.stats(), p.spec.container.image, p.spec.container.runtime) for p in self.pools.values()],
+            sessions=len(sessions.sessions),
+            max_sessions=sessions.max_sessions,
+            docker_reachable=self.docker_ok,
+            serving=self.serving,
+            load1=os.getloadavg()[0],
+            uptime=time.monotonic() - self.started,
+            execs_total=sessions.execs_total,
+            sessions_adopted=sessions.adopted_total,
+            sessions_lost=sessions.lost_total,
+            events_unconfirmed=sessions.recorder.unconfirmed_total,
+            events=self.events.stats() if self.events is not None else None,
+        )
 
     async def start(self) -> None:
         raise_open_files_limit(self.config.max_sessions)
@@ -155,7 +159,7 @@ class NodeDaemon:
         self.docker_ok = True
         if self.journal is not None:
             owned = await self.runtime.list_containers({LABEL_MANAGED: "1", LABEL_OWNER: self.runtime.owner})
-            adopted, lost = await self.sessions.recover(self.factory, {c.name: c.state for c in owned})
+            adopted, lost = await self.sessions.recover({c.name: c.state for c in owned})
             if adopted or lost:
                 log.warning("start-up: re-adopted %d sessions of an earlier run; %d could not be (ended)", adopted, lost)
         removed = await self.reconciler.sweep(grace=0)
@@ -243,7 +247,7 @@ class NodeDaemon:
             "node %s stopping: in-flight calls get %.0f s, removing sandboxes at most %.0f s, events %.0f s",
             self.config.node_id, grace, cleanup, drain,
         )  # fmt: skip
-        self.servicer.serving = False
+        self.serving = False
         self.sessions.stop_accepting()
         await self.health.enter_graceful_shutdown()
         servers = [s for s in (self.server, self.unix_server) if s is not None]

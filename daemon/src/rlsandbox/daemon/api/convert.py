@@ -10,7 +10,8 @@ from rlsandbox.daemon.errors import InvalidArgument
 from rlsandbox.daemon.grading.rewards import GradeResult
 from rlsandbox.daemon.grading.task import Task, TaskError
 from rlsandbox.daemon.model import ExecRequest, ExecResult, FileWrite
-from rlsandbox.daemon.sessions import Session, SessionOptions, SessionState
+from rlsandbox.daemon.session import Session, SessionOptions, SessionState
+from rlsandbox.daemon.status import NodeStatus
 from rlsandbox.v1 import sandbox_pb2 as pb
 
 MAX_ARGS = 10_000
@@ -227,4 +228,52 @@ def session(s: Session, node_id: str) -> pb.Session:
         container_name=s.sandbox.name if s.sandbox else "",
         end_reason=s.end_reason,
         task_id=s.options.task.id if s.options.task else "",
+    )
+
+
+def node_status(st: NodeStatus) -> pb.NodeStatus:
+    events = None
+    if st.events is not None:
+        e = st.events
+        events = pb.EventsStatus(
+            connected=e.connected,
+            published_total=e.published_total,
+            queued=e.queued,
+            outbox_events=e.outbox_events,
+            outbox_bytes=e.outbox_bytes,
+            outbox_max_bytes=e.outbox_max_bytes,
+            dropped_total=e.dropped_total,
+            last_error=e.last_error,
+        )
+    return pb.NodeStatus(
+        node_id=st.node_id,
+        version=st.version,
+        pools=[
+            pb.PoolStatus(
+                name=p.stats.name,
+                image=p.image,
+                ready=p.stats.ready,
+                in_use=p.stats.in_use,
+                creating=p.stats.creating,
+                waiting=p.stats.waiting,
+                min_ready=p.stats.min_ready,
+                max_total=p.stats.max_total,
+                created_total=p.stats.created_total,
+                failed_total=p.stats.failed_total,
+                consecutive_failures=p.stats.consecutive_failures,
+                last_error=p.stats.last_error or "",
+                oci_runtime=p.oci_runtime,
+                acquired_total=p.stats.acquired_total,
+                acquired_waited_total=p.stats.acquired_waited_total,
+            )
+            for p in st.pools
+        ],
+        sessions=st.sessions,
+        max_sessions=st.max_sessions,
+        docker_reachable=st.docker_reachable,
+        serving=st.serving,
+        load1=st.load1,
+        uptime=st.uptime,
+        execs_total=st.execs_total,
+        events=events,
     )

@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 import grpc
-from rlsandbox.daemon import __version__
 from rlsandbox.daemon.api import convert
 from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.errors import FailedPrecondition, InvalidArgument, SandboxError, Unavailable
 from rlsandbox.daemon.model import OutputChunk
-from rlsandbox.daemon.sessions import SessionManager
+from rlsandbox.daemon.session import SessionManager
+from rlsandbox.daemon.status import NodeStatus
 from rlsandbox.v1 import sandbox_pb2 as pb
 from rlsandbox.v1 import sandbox_pb2_grpc
 
@@ -29,13 +27,13 @@ MAX_BATCH = 4096
 
 
 class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
-    def __init__(self, sessions: SessionManager, config: DaemonConfig, *, docker_ok: Callable[[], bool]) -> None:
-        """``sessions.events`` (if any) is reported in GetNodeStatus."""
+    def __init__(
+        self, sessions: SessionManager, config: DaemonConfig, *, docker_ok: Callable[[], bool], status: Callable[[], NodeStatus]
+    ) -> None:
         self.sessions = sessions
         self.config = config
         self.docker_ok = docker_ok
-        self.started = time.monotonic()
-        self.serving = True
+        self.status = status
 
     async def CreateSession(self, request: pb.CreateSessionRequest, context: grpc.aio.ServicerContext) -> pb.Session:
         options = convert.session_options(request, self.config)
@@ -140,56 +138,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         return convert.grade_result(result, task_id=used.id, session_id=session.id)
 
     async def GetNodeStatus(self, request: pb.GetNodeStatusRequest, context: grpc.aio.ServicerContext) -> pb.NodeStatus:
-        pools = []
-        for pool in self.sessions.pools.values():
-            st = pool.stats()
-            pools.append(
-                pb.PoolStatus(
-                    name=st.name,
-                    image=pool.spec.container.image,
-                    ready=st.ready,
-                    in_use=st.in_use,
-                    creating=st.creating,
-                    waiting=st.waiting,
-                    min_ready=st.min_ready,
-                    max_total=st.max_total,
-                    created_total=st.created_total,
-                    failed_total=st.failed_total,
-                    consecutive_failures=st.consecutive_failures,
-                    last_error=st.last_error or "",
-                    oci_runtime=pool.spec.container.runtime,
-                    acquired_total=st.acquired_total,
-                    acquired_waited_total=st.acquired_waited_total,
-                )
-            )
-        return pb.NodeStatus(
-            node_id=self.sessions.node_id,
-            version=__version__,
-            pools=pools,
-            sessions=len(self.sessions.sessions),
-            max_sessions=self.sessions.max_sessions,
-            docker_reachable=self.docker_ok(),
-            serving=self.serving,
-            load1=os.getloadavg()[0],
-            uptime=time.monotonic() - self.started,
-            execs_total=self.sessions.execs_total,
-            events=self._events_status(),
-        )
-
-    def _events_status(self) -> pb.EventsStatus | None:
-        if self.sessions.events is None:
-            return None
-        st = self.sessions.events.stats()
-        return pb.EventsStatus(
-            connected=st.connected,
-            published_total=st.published_total,
-            queued=st.queued,
-            outbox_events=st.outbox_events,
-            outbox_bytes=st.outbox_bytes,
-            outbox_max_bytes=st.outbox_max_bytes,
-            dropped_total=st.dropped_total,
-            last_error=st.last_error,
-        )
+        return convert.node_status(self.status())
 
 
 def _chunk_event(chunk: OutputChunk) -> pb.ExecStreamEvent:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlsandbox.daemon.errors import PoolUnhealthy, ResourceExhausted, SandboxError, Unavailable
+from rlsandbox.daemon.journal import JournalEntry
 from rlsandbox.daemon.pool.factory import SandboxFactory
 from rlsandbox.daemon.pool.spec import PoolSpec
 from rlsandbox.daemon.sandbox import Sandbox
@@ -170,10 +171,13 @@ class WarmPool:
         """Why a sandbox of this pool died: (reason, OOM-killed); see :meth:`SandboxFactory.death_cause`."""
         return await self._factory.death_cause(sandbox)
 
-    def adopt(self, sandbox: Sandbox) -> None:
-        """Count a sandbox that an earlier life of the daemon leased (re-adopted) as leased here."""
+    async def adopt(self, entry: JournalEntry, state: str | None) -> Sandbox:
+        """Reconnect to a sandbox an earlier life of the daemon leased (see
+        :meth:`SandboxFactory.adopt`) and count it as leased here."""
+        sandbox = await self._factory.adopt(entry, state)
         self._leased.add(sandbox)
         self._wake.set()
+        return sandbox
 
     async def release(self, sandbox: Sandbox, reason: str = "released") -> None:
         """Destroy a leased sandbox (never reused) and let the refill loop replace it."""

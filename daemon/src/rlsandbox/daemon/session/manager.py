@@ -1,0 +1,357 @@
+"""The session manager: every session operation of the node goes through here.
+
+Create (admission, idempotency), exec (step dedup), files, evaluate, close, list and reaping.
+Every operation on a live session is counted in flight, so the idle reaper never closes a session
+that is busy. Events and journal rows are the recorder's business (session/recorder.py); the pool
+is reached through the narrow interface of session/ports.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
+
+from rlsandbox.daemon.agent.channel import ChunkCallback
+from rlsandbox.daemon.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, SandboxDied, Unavailable
+from rlsandbox.daemon.events.publisher import EventPublisher
+from rlsandbox.daemon.grading.grader import Grader
+from rlsandbox.daemon.grading.rewards import GradeResult
+from rlsandbox.daemon.grading.task import Task
+from rlsandbox.daemon.journal import SessionJournal
+from rlsandbox.daemon.model import ExecRequest, ExecResult, FileRead, FileWrite, FileWriteResult
+from rlsandbox.daemon.sandbox import Sandbox
+from rlsandbox.daemon.session import recovery
+from rlsandbox.daemon.session.ports import SandboxPool
+from rlsandbox.daemon.session.recorder import Recorder
+from rlsandbox.daemon.session.state import ENDED, Session, SessionOptions, SessionState, Tombstone, step_fingerprint
+
+log = logging.getLogger(__name__)
+
+TOMBSTONES = 100_000
+BIG_STDIN = 1 << 20  # bytes: hashing more than this for step dedup happens off the event loop
+
+
+class SessionManager:
+    """Owns every live session of the node.
+
+    Args:
+        node_id: this node's id (part of every session id, so ids are unique across nodes).
+        pools: the node's pools by name.
+        max_sessions: admission limit; CreateSession beyond it is RESOURCE_EXHAUSTED.
+        reap_interval: seconds between idle/lifetime checks.
+        grader: prepares task workspaces and grades (sessions from tasks need one).
+        events: where session events go (docs/events.md); None: no events.
+        events_output_cap: bytes of each stream put in step events (0: none).
+        events_confirm_timeout: seconds a call waits at most for its events to be durable.
+        journal: where READY sessions are recorded so that a restarted daemon re-adopts them
+            (:meth:`recover`); None: a restart loses them.
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        pools: Mapping[str, SandboxPool],
+        *,
+        max_sessions: int,
+        reap_interval: float = 1.0,
+        grader: Grader | None = None,
+        events: EventPublisher | None = None,
+        events_output_cap: int = 0,
+        events_confirm_timeout: float = 0.25,
+        journal: SessionJournal | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.pools = pools
+        self.grader = grader
+        self.max_sessions = max_sessions
+        self.reap_interval = reap_interval
+        self.sessions: dict[str, Session] = {}
+        self.recorder = Recorder(
+            node_id,
+            self.sessions,
+            events=events,
+            journal=journal,
+            output_cap=events_output_cap,
+            confirm_timeout=events_confirm_timeout,
+        )
+        self._tombstones: collections.OrderedDict[str, Tombstone] = collections.OrderedDict()
+        self._by_key: dict[str, str] = {}
+        self._accepting = True
+        self._stop = asyncio.Event()
+        self.execs_total = 0
+        self.reaped_total = 0
+        self.adopted_total = 0
+        self.lost_total = 0
+
+    @property
+    def events(self) -> EventPublisher | None:
+        return self.recorder.events
+
+    # -- the table of sessions ------------------------------------------------------------------
+    def admit(self, session: Session) -> None:
+        self.sessions[session.id] = session
+        if session.options.idempotency_key:
+            self._by_key[session.options.idempotency_key] = session.id
+
+    def _bury(self, session: Session, reason: str) -> None:
+        session.end_reason = reason
+        self.sessions.pop(session.id, None)
+        self.bury_entry(session.id, reason, session.options.idempotency_key)
+
+    def bury_entry(self, session_id: str, reason: str, idempotency_key: str = "") -> None:
+        """A tombstone for an ended session: later calls learn when and why it ended."""
+        self._tombstones[session_id] = Tombstone(session_id, time.time(), reason, idempotency_key)
+        if idempotency_key:
+            self._by_key[idempotency_key] = session_id
+        while len(self._tombstones) > TOMBSTONES:
+            _, old = self._tombstones.popitem(last=False)
+            if old.idempotency_key and self._by_key.get(old.idempotency_key) == old.session_id:
+                del self._by_key[old.idempotency_key]
+
+    def get(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return session
+        tomb = self._tombstones.get(session_id)
+        if tomb is not None:
+            ago = time.time() - tomb.ended_at
+            raise NotFound(f"session {session_id} not found (ended {ago:.0f} s ago: {tomb.reason})", session_id=session_id)
+        if not session_id:
+            raise InvalidArgument("session_id is empty")
+        raise NotFound(f"session {session_id} not found on node {self.node_id}", session_id=session_id)
+
+    @contextlib.asynccontextmanager
+    async def _busy(self, session_id: str) -> AsyncIterator[tuple[Session, Sandbox]]:
+        """A READY session and its sandbox, counted in flight for the idle reaper."""
+        session = self.get(session_id)
+        sandbox = session.require_ready()
+        session.touch()
+        session.in_flight += 1
+        try:
+            yield session, sandbox
+        finally:
+            session.in_flight -= 1
+            session.touch()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def create(self, options: SessionOptions) -> Session:
+        if not self._accepting:
+            raise Unavailable("node is shutting down; create the session on another node")
+        pool = self.pools.get(options.pool)
+        if pool is None:
+            raise NotFound(
+                f"unknown pool {options.pool!r}; this node has: {', '.join(sorted(self.pools)) or 'no pools'}",
+                pool=options.pool,
+            )
+        if options.idempotency_key:
+            known = self._by_key.get(options.idempotency_key)
+            if known is not None:
+                existing = self.sessions.get(known)
+                if existing is not None:
+                    # A retry while the first attempt still waits for a sandbox gets its outcome.
+                    await asyncio.shield(existing.settled)
+                    return existing
+                tomb = self._tombstones.get(known)
+                raise FailedPrecondition(
+                    f"idempotency key {options.idempotency_key!r} belongs to session {known}, which ended"
+                    + (f": {tomb.reason}" if tomb else ""),
+                    session_id=known,
+                )
+        if len(self.sessions) >= self.max_sessions:
+            raise ResourceExhausted(
+                f"node {self.node_id} holds its maximum of {self.max_sessions} sessions; retry later or elsewhere",
+                retry_after=1.0,
+            )
+        if options.task is not None and self.grader is None:
+            raise FailedPrecondition("this node has no grader; it cannot start sessions from tasks")
+        if options.task is not None and "task" not in options.labels:
+            options = replace(options, labels={**options.labels, "task": options.task.id})
+        session = Session(f"{self.node_id}-{secrets.token_hex(8)}", options, pool)
+        self.admit(session)
+        try:
+            session.sandbox = await pool.acquire(options.acquire_timeout)
+            try:
+                if options.task is not None:
+                    assert self.grader is not None
+                    await self.grader.prepare(session.sandbox, options.task)
+                # Durable before the session is handed out: a crash right after must re-adopt it.
+                await self.recorder.record(session)
+            except BaseException:
+                self.recorder.forget(session.id)
+                await pool.release(session.sandbox, "session setup failed")
+                raise
+        except BaseException as e:
+            session.transition(SessionState.FAILED)
+            self._bury(session, f"failed to start: {e}")
+            if options.idempotency_key:  # a retry may try again
+                self._by_key.pop(options.idempotency_key, None)
+            session.settled.set_exception(e if isinstance(e, Exception) else Unavailable("session creation cancelled"))
+            session.settled.exception()  # retrieved: there may be no retry waiting on it
+            raise
+        session.transition(SessionState.READY)
+        session.touch()
+        session.settled.set_result(None)
+        log.info("session ready on %s", session.sandbox.name, extra={"session": session.id, "pool": pool.name})
+        self.recorder.created(session)
+        await self.recorder.confirm(session)
+        return session
+
+    async def recover(self, containers: Mapping[str, str], *, concurrency: int = 32) -> tuple[int, int]:
+        """Re-adopt the sessions an earlier life of this daemon left in the journal (session/recovery.py)."""
+        return await recovery.recover(self, containers, concurrency=concurrency)
+
+    async def close(self, session_id: str, reason: str = "closed by client") -> bool:
+        """End a session and destroy its sandbox. False when it had already ended."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            if session_id in self._tombstones:
+                return False
+            self.get(session_id)  # raises the precise NOT_FOUND
+            return False
+        if session.state in ENDED:
+            return False
+        session.transition(SessionState.CLOSING)
+        self.recorder.forget(session.id)
+        try:
+            if session.sandbox is not None:
+                await session.pool.release(session.sandbox, reason)
+        finally:
+            session.transition(SessionState.CLOSED)
+            self._bury(session, reason)
+            self.recorder.closed(session, reason)
+        log.info("session closed: %s", reason, extra={"session": session.id, "pool": session.pool.name})
+        return True
+
+    async def _fail(self, session: Session, detail: str) -> str:
+        """End a session whose sandbox died; returns the reason it now carries (from the engine)."""
+        if session.state is not SessionState.READY:
+            return f"sandbox of session {session.id} died: {session.end_reason or detail}"
+        session.transition(SessionState.FAILED)
+        self.recorder.forget(session.id)
+        self._bury(session, f"sandbox died: {detail}")  # until the engine says more
+        cause, oom = await session.pool.death_cause(session.sandbox) if session.sandbox is not None else (detail, False)
+        self._bury(session, f"sandbox died: {cause}")
+        self.recorder.died(session, cause, detail, oom)
+        if session.sandbox is not None:
+            await session.pool.release(session.sandbox, f"sandbox died: {cause}")
+        return f"sandbox of session {session.id} died: {cause}"
+
+    # -- operations on a live session -----------------------------------------------------------
+    async def exec(
+        self, session_id: str, req: ExecRequest, *, seq: int = 0, on_chunk: ChunkCallback | None = None
+    ) -> tuple[ExecResult, bool]:
+        """Run one step; returns (result, replayed). A repeated ``seq`` with the same command returns
+        the first result; with another command it is FailedPrecondition (never a silent replay)."""
+        async with self._busy(session_id) as (session, sandbox):
+            if seq:
+                big = len(req.stdin) >= BIG_STDIN
+                fingerprint = await asyncio.to_thread(step_fingerprint, req) if big else step_fingerprint(req)
+                future, replay = session.remember_step(seq, fingerprint)
+                if replay:
+                    return await asyncio.shield(future), True
+            if session.options.env:
+                req = replace(req, env={**session.options.env, **req.env})
+            if not req.cwd and not req.shell_session:  # a persistent shell keeps its own cwd
+                req = replace(req, cwd=session.workdir)
+            try:
+                result = await self._run_step(session, sandbox, req, on_chunk)
+            except BaseException as e:
+                if seq:
+                    session.forget_step(seq, e)
+                raise
+        session.steps += 1
+        self.execs_total += 1
+        if seq:
+            future.set_result(result)
+        await self.recorder.stepped(session, req, result, seq)
+        return result, False
+
+    async def _run_step(self, session: Session, sandbox: Sandbox, req: ExecRequest, on_chunk: ChunkCallback | None) -> ExecResult:
+        try:
+            return await sandbox.exec(req, on_chunk)
+        except SandboxDied as e:
+            reason = await self._fail(session, e.message)
+            raise SandboxDied(f"the {reason}; start a new session", session_id=session.id) from None
+
+    async def write_files(self, session_id: str, files: Sequence[FileWrite], *, timeout: float) -> list[FileWriteResult]:
+        """Write files into a session's sandbox; a ``files`` event lists what was written, and the
+        call returns once it is durable."""
+        async with self._busy(session_id) as (session, sandbox):
+            results = await sandbox.write_files(files, timeout)
+        self.recorder.files_written(session, [(f.path, len(f.data)) for f, r in zip(files, results, strict=True) if not r.error])
+        await self.recorder.confirm(session)
+        return results
+
+    async def read_files(self, session_id: str, paths: Sequence[str], *, max_bytes: int, timeout: float) -> list[FileRead]:
+        async with self._busy(session_id) as (_, sandbox):
+            return await sandbox.read_files(paths, max_bytes, timeout)
+
+    async def evaluate(
+        self, session_id: str, task: Task | None, *, mode: str, timeout: float | None
+    ) -> tuple[Session, Task, GradeResult]:
+        """Grade a session against ``task`` (default: the task it was started from)."""
+        session = self.get(session_id)
+        session.require_ready()
+        task = task or session.options.task
+        if task is None:
+            raise FailedPrecondition(f"session {session_id} was not started from a task; pass the task to grade against")
+        if self.grader is None:
+            raise FailedPrecondition("this node has no grader")
+        if task.spec.pool != session.pool.name:
+            raise InvalidArgument(f"the task runs in pool {task.spec.pool!r}, the session is in {session.pool.name!r}")
+        async with self._busy(session_id) as (_, sandbox):
+            result = await self.grader.grade(sandbox, task, mode=mode, timeout=timeout)
+        self.recorder.graded(session, task.id, result)
+        return session, task, result
+
+    # -- reaping and shutdown -------------------------------------------------------------------
+    async def run_reaper(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.reap_interval):
+                    await self._stop.wait()
+            await self.reap()
+
+    async def reap(self) -> None:
+        """One pass: end sessions whose sandbox died, close idle ones and those past their lifetime."""
+        now = time.monotonic()
+        dead = {
+            s: s.sandbox.channel.closed_reason or "its channel closed"
+            for s in self.sessions.values()
+            if s.state is SessionState.READY and s.sandbox is not None and not s.sandbox.alive
+        }
+        # Together: each asks the engine why its sandbox died, which may take a moment.
+        for outcome in await asyncio.gather(*(self._fail(s, why) for s, why in dead.items()), return_exceptions=True):
+            if isinstance(outcome, Exception):
+                log.warning("ending a session whose sandbox died failed: %s", outcome)
+        for session in list(self.sessions.values()):
+            if session.state is not SessionState.READY:
+                continue
+            idle = now - session.last_used
+            if session.in_flight == 0 and idle > session.options.idle_timeout:
+                self.reaped_total += 1
+                await self.close(session.id, f"closed by idle timeout after {session.options.idle_timeout:g} s")
+            elif now - session.started > session.options.max_lifetime:
+                self.reaped_total += 1
+                await self.close(session.id, f"closed at its maximum lifetime of {session.options.max_lifetime:g} s")
+
+    def stop_accepting(self) -> None:
+        self._accepting = False
+
+    async def close_all(self, reason: str) -> None:
+        self._stop.set()
+        await asyncio.gather(*(self.close(sid, reason) for sid in list(self.sessions)), return_exceptions=True)
+
+    # Last in the class: below it, ``list`` would name this method, not the type.
+    def list(self, labels: Mapping[str, str], pool: str = "") -> list[Session]:
+        return [
+            s
+            for s in self.sessions.values()
+            if (not pool or s.pool.name == pool) and all(s.options.labels.get(k) == v for k, v in labels.items())
+        ]

@@ -1,0 +1,37 @@
+"""What the session manager needs of a pool: the narrow interface it is written against.
+
+:class:`rlsandbox.daemon.pool.WarmPool` is the real one; the fast tests use a fake.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from rlsandbox.daemon.journal import JournalEntry
+from rlsandbox.daemon.pool.spec import PoolSpec
+from rlsandbox.daemon.sandbox import Sandbox
+
+
+class SandboxPool(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def spec(self) -> PoolSpec: ...
+
+    async def acquire(self, timeout: float) -> Sandbox:
+        """A ready sandbox, leased to the caller (typed errors when none comes in time)."""
+        ...
+
+    async def release(self, sandbox: Sandbox, reason: str = "released") -> None:
+        """The lease ends: the sandbox is destroyed (or recycled) and replaced."""
+        ...
+
+    async def adopt(self, entry: JournalEntry, state: str | None) -> Sandbox:
+        """Reconnect to the sandbox an earlier life of the daemon leased (``state``: the engine's
+        state of its container, None when gone); SandboxDied saying why it cannot be."""
+        ...
+
+    async def death_cause(self, sandbox: Sandbox) -> tuple[str, bool]:
+        """Why a leased sandbox died: (reason, OOM-killed)."""
+        ...
