@@ -352,7 +352,7 @@ async def test_stopping_mid_publish_keeps_the_batch_in_the_outbox(nats_server: N
             first.emit(Event(STEP, "n1", "s1", seq, {"argv": ["true"]}, {"run": "hang"}))
         await asyncio.sleep(0.5)  # the batch is out, its acknowledgements are not coming
         await first.stop(drain_timeout=0.2)
-        kept = Outbox(outbox, 1 << 20)
+        kept = Outbox.opened(outbox, 1 << 20)
         assert kept.count == 10
         kept.close()
     finally:
@@ -432,7 +432,7 @@ async def test_no_event_can_block_the_others(tmp_path: Path) -> None:
     server = NatsServer(tmp_path / "jetstream", extra_args=["-c", str(conf)])
     await server.start()
     outbox_path = tmp_path / "outbox.sqlite3"
-    stale = Outbox(outbox_path, 16 << 20)
+    stale = Outbox.opened(outbox_path, 16 << 20)
     big = Event("created", "n1", "old", 1, {"blob": "x" * 300_000})
     stale.append([(big.subject, big.msg_id, b"not an event " * 30_000, 1)])
     stale.close()

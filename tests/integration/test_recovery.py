@@ -353,3 +353,61 @@ async def _health(node: NodeDaemon) -> int:
     async with grpc.aio.insecure_channel(node.address) as channel:
         reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
         return int(reply.status)
+
+
+async def test_a_failed_start_undoes_itself_and_keeps_what_an_earlier_life_left(
+    tmp_path: Path, docker_runtime: DockerRuntime, images: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Start-up is all or nothing: a port in use (before recovery) and a fault after recovery
+    both leave no listener, task or open journal behind, and never destroy a session an earlier
+    life left; the next good start re-adopts it with its files."""
+    node = f"{TEST_OWNER}-startfail"
+    sock = tmp_path / "daemon.sock"
+    config = tmp_path / "daemon.toml"
+    journal = tmp_path / "sessions.sqlite3"
+    config.write_text(
+        CONFIG.format(node=node, sock=sock, journal=journal, nats="", outbox=tmp_path / "outbox").replace('nats_url = ""\n', "")
+    )
+    async with daemon_process(config, tmp_path / "notify") as first, AsyncClient(f"unix:{sock}", timeout=60) as client:
+        s = await client.create_session("busybox")
+        await s.write_files({"/tmp/kept.txt": "from the first life"})
+        container = (await s.exec("cat /etc/hostname")).stdout.decode().strip()
+        first.send_signal(signal.SIGKILL)
+        await first.wait()
+
+    def config_with(**kw: object) -> object:
+        pools = [PoolConfig(name="busybox", image=BUSYBOX, min_ready=0, max_total=8, memory_mb=64)]
+        return daemon_config(node_id=node, session_journal=str(journal), pools=pools, **kw)
+
+    async def running(hostname: str) -> bool:
+        owned = await docker_runtime.list_containers({LABEL_OWNER: node})
+        return any(c.id.startswith(hostname) and c.state == "running" for c in owned)
+
+    # 1. The port is taken: the start fails before it adopts anything.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        d = NodeDaemon(config_with(listen_tcp=f"127.0.0.1:{port}"))  # type: ignore[arg-type]
+        with pytest.raises(SandboxError, match=f"cannot listen on 127.0.0.1:{port}"):
+            await d.start()
+    assert d.background.names == [] and d.journal is not None and d.journal._db is None and d.runtime._docker is None
+    assert await running(container)
+
+    # 2. A fault after recovery (simulated: the sweep fails): the adopted session is let go, not ended.
+    d = NodeDaemon(config_with())  # type: ignore[arg-type]
+
+    async def broken_sweep(grace: float = 0) -> list[str]:
+        raise OSError("simulated fault after recovery")
+
+    monkeypatch.setattr(d.reconciler, "sweep", broken_sweep)
+    with pytest.raises(OSError, match="simulated fault"):
+        await d.start()
+    assert d.sessions.adopted_total == 1 and not d.sessions.sessions and d.background.names == []
+    assert await running(container)
+
+    # 3. A good start re-adopts it, files intact.
+    async with running_daemon(config_with()) as good, AsyncClient(good.address, timeout=60) as client:
+        assert (await client.exec(s.id, "cat /tmp/kept.txt")).stdout == b"from the first life"
+        assert await client.close_session(s.id)
+    assert not await running(container)

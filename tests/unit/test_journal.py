@@ -29,7 +29,7 @@ def on_disk(path: Path) -> dict[str, tuple[int, int, int]]:
 
 async def test_rows_progress_and_forgetting(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite3"
-    journal = SessionJournal(path, "n1")
+    journal = SessionJournal.opened(path, "n1")
     writers: set[int] = set()
     apply = journal._apply
 
@@ -52,7 +52,7 @@ async def test_rows_progress_and_forgetting(tmp_path: Path) -> None:
     await journal.close()  # writes what is pending
     assert on_disk(path) == {"b": (32, 3, 2)}
     assert writers and threading.get_ident() not in writers, "a journal write ran on the event loop's thread"
-    again = SessionJournal(path, "n1")
+    again = SessionJournal.opened(path, "n1")
     [b] = again.load()
     assert (b.session, b.emitted, b.steps, b.options["labels"]) == ("b", 3, 2, {"run": "r"})
     await again.close()
@@ -70,14 +70,14 @@ async def test_an_old_file_gains_the_new_column(tmp_path: Path) -> None:
     db.execute("INSERT INTO sessions VALUES ('n1', 's', 'p', 'c', 'id', 'socket', 'runc', 'i', '{}', NULL, NULL, 1, 1, 32, 3)")
     db.commit()
     db.close()
-    journal = SessionJournal(path, "n1")
+    journal = SessionJournal.opened(path, "n1")
     [old] = journal.load()
     assert old.transport == "socket" and old.emitted == 0 and old.steps == 3
     await journal.close()
 
 
 async def test_a_failing_write_never_leaves_a_caller_waiting(tmp_path: Path) -> None:
-    journal = SessionJournal(tmp_path / "j.sqlite3", "n1")
+    journal = SessionJournal.opened(tmp_path / "j.sqlite3", "n1")
 
     def broken(*args: object) -> None:
         raise OSError("disk gone")

@@ -85,7 +85,7 @@ async def test_failed_create_leaves_no_session_and_frees_its_key() -> None:
 
 
 async def test_failed_setup_releases_the_sandbox(tmp_path: Path) -> None:
-    journal = SessionJournal(tmp_path / "j.sqlite3", "n1")
+    journal = SessionJournal.opened(tmp_path / "j.sqlite3", "n1")
     m, pool = manager(journal=journal)
 
     async def broken(entry: object) -> None:
@@ -196,9 +196,8 @@ async def test_reaper_ends_sessions_whose_sandbox_died() -> None:
 
 
 async def test_files_go_through_the_manager_counted_in_flight() -> None:
-    m, _ = manager()
     events = FakePublisher()
-    m.recorder.events = events
+    m, _ = manager(events=events)
     s = await m.create(SessionOptions(pool="default"))
     await m.write_files(s.id, [FileWrite("/work/a.txt", b"hello")], timeout=5)
     [read] = await m.read_files(s.id, ["/work/a.txt"], max_bytes=3, timeout=5)
@@ -240,7 +239,7 @@ async def test_timeout_storm_alert() -> None:
 
 async def test_recovery_readopts_live_sessions_and_buries_the_rest(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite3"
-    journal = SessionJournal(path, "n1")
+    journal = SessionJournal.opened(path, "n1")
     events = FakePublisher()
     m, _ = manager(journal=journal, events=events)
     kept = await m.create(SessionOptions(pool="default", labels={"run": "r"}, idempotency_key="keep"))
@@ -249,7 +248,7 @@ async def test_recovery_readopts_live_sessions_and_buries_the_rest(tmp_path: Pat
     await m.exec(kept.id, shell("true"))
     await journal.close()  # the daemon dies here (its journal is what is left)
 
-    journal2 = SessionJournal(path, "n1")
+    journal2 = SessionJournal.opened(path, "n1")
     events2 = FakePublisher()
     m2, pool2 = manager(journal=journal2, events=events2)
     assert kept.sandbox is not None and gone.sandbox is not None
@@ -268,4 +267,4 @@ async def test_recovery_readopts_live_sessions_and_buries_the_rest(tmp_path: Pat
     await m2.close_all("test over")
     await asyncio.sleep(0.05)
     await journal2.close()
-    assert not SessionJournal(path, "n1").load()  # closed sessions leave no row
+    assert not SessionJournal.opened(path, "n1").load()  # closed sessions leave no row

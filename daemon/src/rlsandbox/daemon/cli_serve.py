@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -43,8 +44,11 @@ def _config(args: argparse.Namespace) -> DaemonConfig:
 async def _daemon(args: argparse.Namespace) -> int:
     from rlsandbox.daemon.server import NodeDaemon, run_until_signalled
 
-    config = _config(args)
-    await run_until_signalled(NodeDaemon(config))
+    daemon = NodeDaemon(_config(args))
+    await run_until_signalled(daemon)
+    if daemon.crashed:
+        print(f"rlsandbox daemon stopped on its own: {daemon.crashed}", file=sys.stderr)
+        return 1
     return 0
 
 

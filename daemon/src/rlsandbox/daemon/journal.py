@@ -71,17 +71,11 @@ class SessionJournal:
     """Rows of one node's live sessions in a file that several nodes may share."""
 
     def __init__(self, path: str | Path, node: str) -> None:
+        """No I/O here: :meth:`open` opens (or creates) the file."""
         self.path = Path(path)
         self.node = node
         self.write_errors = 0
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=30, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
-        columns = {r[1] for r in self._db.execute("PRAGMA table_info(sessions)")}
-        if "emitted" not in columns:  # a file of an earlier version
-            self._db.execute("ALTER TABLE sessions ADD COLUMN emitted INTEGER NOT NULL DEFAULT 0")
+        self._db: sqlite3.Connection | None = None
         # Pending writes, in order (rows), and coalesced progress per session.
         self._ops: list[tuple[str, Any]] = []
         self._progress: dict[str, tuple[int, int, int]] = {}
@@ -92,8 +86,38 @@ class SessionJournal:
         self._writer: asyncio.Task[None] | None = None
         self._closing = False
 
+    @classmethod
+    def opened(cls, path: str | Path, node: str) -> SessionJournal:
+        journal = cls(path, node)
+        journal.open()
+        return journal
+
+    def open(self) -> None:
+        """Open (or create) the file; blocking I/O, so the daemon runs it in a worker thread."""
+        if self._db is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, isolation_level=None, timeout=30, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(SCHEMA)
+            columns = {r[1] for r in db.execute("PRAGMA table_info(sessions)")}
+            if "emitted" not in columns:  # a file of an earlier version
+                db.execute("ALTER TABLE sessions ADD COLUMN emitted INTEGER NOT NULL DEFAULT 0")
+        except BaseException:
+            db.close()
+            raise
+        self._db = db
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise RuntimeError(f"session journal {self.path} is not open")
+        return self._db
+
     def load(self) -> list[JournalEntry]:
-        rows = self._db.execute(
+        rows = self.db.execute(
             f"SELECT {COLUMNS} FROM sessions WHERE node = ? ORDER BY created_at",
             (self.node,),
         ).fetchall()
@@ -133,7 +157,9 @@ class SessionJournal:
             await self._writer
         else:
             await self._flush()
-        await asyncio.to_thread(self._db.close)
+        if self._db is not None:
+            await asyncio.to_thread(self._db.close)
+            self._db = None
 
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -180,14 +206,14 @@ class SessionJournal:
         """One transaction (worker thread). A failed write (disk full, file removed) costs
         re-adoption of those sessions, never a call."""
         try:
-            with self._db:
-                self._db.execute("BEGIN")
+            with self.db:
+                self.db.execute("BEGIN")
                 for kind, args in ops:
                     if kind == "record":
-                        self._db.execute(f"INSERT OR REPLACE INTO sessions ({COLUMNS}, node) VALUES ({'?, ' * 15}?)", args)
+                        self.db.execute(f"INSERT OR REPLACE INTO sessions ({COLUMNS}, node) VALUES ({'?, ' * 15}?)", args)
                     else:
-                        self._db.execute("DELETE FROM sessions WHERE node = ? AND session = ?", (self.node, args))
-                self._db.executemany(
+                        self.db.execute("DELETE FROM sessions WHERE node = ? AND session = ?", (self.node, args))
+                self.db.executemany(
                     "UPDATE sessions SET seq_reserved = ?, emitted = ?, steps = ? WHERE node = ? AND session = ?",
                     [(r, e, st, self.node, sid) for sid, (r, e, st) in progress.items()],
                 )

@@ -185,7 +185,12 @@ class EventPublisher:
         return Event(type_, self.node_id, "", self._node_seq, {**data, "instance": self.instance}, instance=self.instance)
 
     # -- lifecycle ------------------------------------------------------------------------------
+    async def open(self) -> None:
+        """Open the outbox (its file I/O in a worker thread); ``start`` does it if nobody did."""
+        await asyncio.to_thread(self.outbox.open)
+
     async def start(self) -> None:
+        await self.open()
         self._tasks = [asyncio.create_task(self._connect_loop(), name="events-connect")]
         self._tasks.append(asyncio.create_task(self._publish_loop(), name="events-publish"))
         if self.heartbeat_interval > 0 and self.heartbeat is not None:
@@ -208,6 +213,7 @@ class EventPublisher:
             if stuck:
                 log.warning("events: %d publisher tasks did not stop within %.0f s; left behind", len(stuck), STOP_TIMEOUT)
         if self._queue:  # not published in time: keep them for the next start
+            await self.open()
             await self._to_outbox(list(self._queue))
             self._queue.clear()
         if self._nc is not None:

@@ -344,6 +344,16 @@ class SessionManager:
     def stop_accepting(self) -> None:
         self._accepting = False
 
+    async def let_go(self, reason: str) -> None:
+        """Drop every session without ending it: channels closed, sandboxes and journal rows kept
+        (a daemon whose start failed after recovery leaves them to its next start)."""
+        sessions = list(self.sessions.values())
+        self.sessions.clear()
+        for s in sessions:
+            if s.sandbox is not None:
+                with contextlib.suppress(Exception):
+                    await s.sandbox.channel.close(reason)
+
     async def close_all(self, reason: str) -> None:
         self._stop.set()
         await asyncio.gather(*(self.close(sid, reason) for sid in list(self.sessions)), return_exceptions=True)
