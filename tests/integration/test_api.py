@@ -12,12 +12,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from helpers import daemon_config
 from rlsandbox.client import (
     AsyncClient,
+    BatchCommand,
     Client,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
-    exec_request,
 )
+from rlsandbox.client._requests import exec_request
 from rlsandbox.daemon.runtime.docker import EXEC_CONCURRENCY, LABEL_OWNER
 from rlsandbox.daemon.server import NodeDaemon
 from rlsandbox.v1 import sandbox_pb2 as pb
@@ -81,10 +82,10 @@ async def test_exec_batch_isolates_failures(client: AsyncClient) -> None:
     try:
         results = await client.exec_batch(
             [
-                exec_request(a.id, ["echo", "a"]),
-                exec_request("no-such-session", ["echo", "x"]),
-                exec_request(b.id, "echo b; exit 3"),
-                exec_request(a.id, []),
+                BatchCommand(a.id, ["echo", "a"]),
+                BatchCommand("no-such-session", ["echo", "x"]),
+                BatchCommand(b.id, "echo b; exit 3", {"timeout": 5}),
+                BatchCommand(a.id, []),
             ]
         )
         assert results[0].stdout == b"a\n"  # type: ignore[union-attr]

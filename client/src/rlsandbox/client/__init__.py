@@ -7,7 +7,7 @@ Depends on grpcio and protobuf only::
             r = await s.exec("pytest -q")
 """
 
-from rlsandbox.client._client import AsyncClient, AsyncSession, exec_request
+from rlsandbox.client._client import AsyncClient, AsyncSession
 from rlsandbox.client._errors import (
     DeadlineExceededError,
     FailedPreconditionError,
@@ -21,30 +21,46 @@ from rlsandbox.client._errors import (
     UnauthenticatedError,
     UnavailableError,
 )
+from rlsandbox.client._requests import Command, ExecOptions, SessionOptions
 from rlsandbox.client._sync import Client, Session
-from rlsandbox.client._types import ExecResult, FileData, GradeResult, SessionInfo, TestOutcome, task_message
+from rlsandbox.client._types import (
+    BatchCommand,
+    EventsStatus,
+    ExecResult,
+    FileData,
+    GradeResult,
+    NodeStatus,
+    PoolStatus,
+    SessionInfo,
+    TestOutcome,
+)
 
 __all__ = [
     "AsyncClient",
     "AsyncSession",
+    "BatchCommand",
     "Client",
+    "Command",
     "DeadlineExceededError",
+    "EventsStatus",
+    "ExecOptions",
     "ExecResult",
     "FailedPreconditionError",
     "FileData",
     "GradeResult",
     "InternalError",
     "InvalidArgumentError",
+    "NodeStatus",
     "NotFoundError",
+    "PoolStatus",
     "ResourceExhaustedError",
     "SandboxAbortedError",
     "SandboxRPCError",
     "Session",
     "SessionInfo",
+    "SessionOptions",
     "TestOutcome",
     "TransportSecurityError",
     "UnauthenticatedError",
     "UnavailableError",
-    "exec_request",
-    "task_message",
 ]

@@ -3,70 +3,32 @@
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import (
-    Any,
-    TypeVar,
-    Union,
-)
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
-from rlsandbox.client._errors import SandboxRPCError, UnavailableError, error_from_name, from_rpc_error
-from rlsandbox.client._types import ExecResult, FileData, GradeResult, SessionInfo, task_message
+from rlsandbox.client import _policy
+from rlsandbox.client._errors import SandboxRPCError, error_from_name, from_rpc_error
+from rlsandbox.client._requests import (
+    Command,
+    ExecOptions,
+    FileContents,
+    SessionOptions,
+    create_session_request,
+    evaluate_request,
+    exec_request,
+    write_files_request,
+)
+from rlsandbox.client._types import BatchCommand, ExecResult, FileData, GradeResult, NodeStatus, SessionInfo
 from rlsandbox.v1 import sandbox_pb2 as pb
 from rlsandbox.v1 import sandbox_pb2_grpc
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 T = TypeVar("T")
-Command = Union[str, Sequence[str]]
 DEFAULT_TIMEOUT = 60.0
-RETRY_ATTEMPTS = 4
 MAX_MESSAGE = 128 << 20
-
-
-def _command(msg: pb.ExecRequest, command: Command) -> None:
-    if isinstance(command, str):
-        msg.shell = command
-    else:
-        msg.argv.args.extend(command)
-
-
-def exec_request(
-    session_id: str,
-    command: Command,
-    *,
-    shell_session: str = "",
-    cwd: str = "",
-    env: Mapping[str, str] | None = None,
-    stdin: bytes = b"",
-    timeout: float = 0.0,
-    stdout_cap: int = 0,
-    stderr_cap: int = 0,
-    seq: int = 0,
-) -> pb.ExecRequest:
-    """Build an ExecRequest message (a string runs in a shell, a list is an argv)."""
-    msg = pb.ExecRequest(
-        session_id=session_id,
-        shell_session=shell_session,
-        cwd=cwd,
-        env=dict(env or {}),
-        stdin=stdin,
-        timeout=timeout,
-        stdout_cap=stdout_cap,
-        stderr_cap=stderr_cap,
-        seq=seq,
-    )
-    _command(msg, command)
-    return msg
-
-
-def write_files_request(session_id: str, files: Mapping[str, Union[bytes, str, tuple[bytes, int]]]) -> pb.WriteFilesRequest:
-    """Build a WriteFilesRequest from ``{path: data}`` or ``{path: (data, mode)}`` (str is UTF-8)."""
-    request = pb.WriteFilesRequest(session_id=session_id)
-    for path, value in files.items():
-        data, mode = value if isinstance(value, tuple) else (value, 0)
-        request.files.add(path=path, data=data.encode() if isinstance(data, str) else data, mode=mode)
-    return request
 
 
 def channel_credentials(*, token: str | None, tls_ca: str | bytes | None) -> grpc.ChannelCredentials | None:
@@ -92,17 +54,6 @@ def channel_options(tls_server_name: str | None = None) -> list[tuple[str, Any]]
     if tls_server_name:
         options.append(("grpc.ssl_target_name_override", tls_server_name))
     return options
-
-
-def evaluate_request(session_id: str, *, task: Any = None, mode: str = "clean_room", timeout: float = 0.0) -> pb.EvaluateRequest:
-    if mode not in ("clean_room", "in_place"):
-        raise ValueError(f"mode must be 'clean_room' or 'in_place', not {mode!r}")
-    return pb.EvaluateRequest(
-        session_id=session_id,
-        task=task_message(task) if task is not None else None,
-        mode=pb.EVALUATE_MODE_IN_PLACE if mode == "in_place" else pb.EVALUATE_MODE_CLEAN_ROOM,
-        timeout=timeout,
-    )
 
 
 class AsyncClient:
@@ -148,71 +99,49 @@ class AsyncClient:
         """Close the channel."""
         await self._channel.close()  # type: ignore[call-arg]
 
-    async def _call(self, method: Callable[..., Awaitable[T]], request: Any, *, timeout: float, retry: bool) -> T:
+    async def _call(self, method: str, request: Any) -> Any:
+        """One call with its deadline and retry rule from the policy table (_policy.py)."""
+        stub: Callable[..., Awaitable[Any]] = getattr(self._stub, method)
+        timeout = _policy.deadline(method, request, self.timeout)
         attempt = 0
         while True:
             try:
-                return await method(request, timeout=timeout)
+                return await stub(request, timeout=timeout)
             except grpc.RpcError as e:
                 error = from_rpc_error(e, self.target, self._tls)
                 attempt += 1
-                if not (retry and isinstance(error, UnavailableError) and attempt < RETRY_ATTEMPTS):
+                pause = _policy.retry_after(method, request, error, attempt)
+                if pause is None:
                     raise error from None
-                await asyncio.sleep(min(2.0, 0.1 * 2**attempt) * (0.5 + random.random()))
+                await asyncio.sleep(pause)
 
-    async def create_session(
-        self,
-        pool: str = "",
-        *,
-        task: Any = None,
-        env: Mapping[str, str] | None = None,
-        workdir: str = "",
-        idle_timeout: float = 0.0,
-        max_lifetime: float = 0.0,
-        labels: Mapping[str, str] | None = None,
-        idempotency_key: str = "",
-        acquire_timeout: float = 0.0,
-    ) -> AsyncSession:
-        """Start a session on a sandbox of ``pool``. Retried on UNAVAILABLE only with an idempotency key.
+    async def create_session(self, pool: str = "", **options: Unpack[SessionOptions]) -> AsyncSession:
+        """Start a session on a sandbox of ``pool`` (options: :class:`SessionOptions`). Retried on
+        UNAVAILABLE only with an idempotency key.
 
-        With ``task`` (see :func:`task_message`), the session starts from the task's workspace and
+        With ``task`` (see :class:`SessionOptions`), the session starts from the task's workspace and
         setup, in the task's pool, and :meth:`AsyncSession.grade` grades against it.
 
         Raises:
             NotFoundError: no such pool. ResourceExhaustedError: node or pool full.
         """
-        request = pb.CreateSessionRequest(
-            pool=pool,
-            env=dict(env or {}),
-            workdir=workdir,
-            idle_timeout=idle_timeout,
-            max_lifetime=max_lifetime,
-            labels=dict(labels or {}),
-            idempotency_key=idempotency_key,
-            acquire_timeout=acquire_timeout,
-            task=task_message(task) if task is not None else None,
-        )
-        deadline = self.timeout + acquire_timeout + (600.0 if task is not None else 0.0)
-        info = await self._call(self._stub.CreateSession, request, timeout=deadline, retry=bool(idempotency_key))
+        info = await self._call("CreateSession", create_session_request(pool, **options))
         return AsyncSession(self, SessionInfo.from_pb(info))
 
-    def session(self, pool: str = "", **options: Any) -> _SessionContext:
+    def session(self, pool: str = "", **options: Unpack[SessionOptions]) -> _SessionContext:
         """``async with client.session(pool="python") as s:``; the session is closed on exit."""
         return _SessionContext(self, pool, options)
 
-    async def exec(self, session_id: str, command: Command, **options: Any) -> ExecResult:
+    async def exec(self, session_id: str, command: Command, **options: Unpack[ExecOptions]) -> ExecResult:
         """Run one command in a session (see :meth:`AsyncSession.exec`)."""
-        request = exec_request(session_id, command, **options)
-        call_timeout = self.timeout + (request.timeout or 300.0)
-        result = await self._call(self._stub.Exec, request, timeout=call_timeout, retry=request.seq > 0)
-        return ExecResult.from_pb(result)
+        return ExecResult.from_pb(await self._call("Exec", exec_request(session_id, command, **options)))
 
     async def exec_stream(
-        self, session_id: str, command: Command, **options: Any
+        self, session_id: str, command: Command, **options: Unpack[ExecOptions]
     ) -> AsyncIterator[tuple[str, bytes | ExecResult]]:
         """Yield ``("stdout", bytes)`` / ``("stderr", bytes)`` while the command runs, then ``("result", ExecResult)``."""
         request = exec_request(session_id, command, **options)
-        call = self._stub.ExecStream(request, timeout=self.timeout + (request.timeout or 300.0))
+        call = self._stub.ExecStream(request, timeout=_policy.deadline("ExecStream", request, self.timeout))
         try:
             async for event in call:
                 which = event.WhichOneof("event")
@@ -223,63 +152,49 @@ class AsyncClient:
         except grpc.RpcError as e:
             raise from_rpc_error(e, self.target, self._tls) from None
 
-    async def exec_batch(self, requests: Iterable[pb.ExecRequest]) -> list[ExecResult | SandboxRPCError]:
-        """One command in each of many sessions; per item an ExecResult or the error of that item."""
-        reqs = list(requests)
-        longest = max((r.timeout or 300.0 for r in reqs), default=0.0)
-        response = await self._call(
-            self._stub.ExecBatch,
-            pb.ExecBatchRequest(requests=reqs),
-            timeout=self.timeout + longest,
-            retry=all(r.seq > 0 for r in reqs),
-        )
-        out: list[ExecResult | SandboxRPCError] = []
-        for item in response.items:
-            if item.WhichOneof("outcome") == "result":
-                out.append(ExecResult.from_pb(item.result))
-            else:
-                out.append(error_from_name(item.error.code, item.error.message))
-        return out
+    async def exec_batch(self, commands: Iterable[BatchCommand]) -> list[ExecResult | SandboxRPCError]:
+        """One command in each of many sessions in one call; per item an ExecResult or the error of that item."""
+        request = pb.ExecBatchRequest(requests=[exec_request(c.session_id, c.command, **c.options) for c in commands])
+        return [_batch_item(i) for i in (await self._call("ExecBatch", request)).items]
 
-    async def write_files(self, session_id: str, files: Mapping[str, bytes | str | tuple[bytes, int]]) -> None:
+    async def write_files(self, session_id: str, files: Mapping[str, FileContents]) -> None:
         """Write files: ``{path: data}`` or ``{path: (data, mode)}``; parents are created."""
-        request = write_files_request(session_id, files)
-        await self._call(self._stub.WriteFiles, request, timeout=self.timeout, retry=True)
+        await self._call("WriteFiles", write_files_request(session_id, files))
 
     async def read_files(self, session_id: str, paths: Sequence[str], *, max_bytes: int = 0) -> dict[str, FileData]:
         """Read files (each capped at ``max_bytes``); missing ones come back with ``error`` set."""
         request = pb.ReadFilesRequest(session_id=session_id, paths=list(paths), max_bytes=max_bytes)
-        response = await self._call(self._stub.ReadFiles, request, timeout=self.timeout, retry=True)
-        return {
-            f.path: FileData(path=f.path, data=f.data, size=f.size, truncated=f.truncated, error=f.error or None)
-            for f in response.files
-        }
+        return _files(await self._call("ReadFiles", request))
 
     async def close_session(self, session_id: str) -> bool:
         """End a session (idempotent); False when it had already ended."""
-        request = pb.CloseSessionRequest(session_id=session_id)
-        response = await self._call(self._stub.CloseSession, request, timeout=self.timeout, retry=True)
-        return bool(response.closed)
+        return bool((await self._call("CloseSession", pb.CloseSessionRequest(session_id=session_id))).closed)
 
     async def get_session(self, session_id: str) -> SessionInfo:
-        request = pb.GetSessionRequest(session_id=session_id)
-        return SessionInfo.from_pb(await self._call(self._stub.GetSession, request, timeout=self.timeout, retry=True))
+        return SessionInfo.from_pb(await self._call("GetSession", pb.GetSessionRequest(session_id=session_id)))
 
     async def list_sessions(self, labels: Mapping[str, str] | None = None, pool: str = "") -> list[SessionInfo]:
-        request = pb.ListSessionsRequest(labels=dict(labels or {}), pool=pool)
-        response = await self._call(self._stub.ListSessions, request, timeout=self.timeout, retry=True)
+        response = await self._call("ListSessions", pb.ListSessionsRequest(labels=dict(labels or {}), pool=pool))
         return [SessionInfo.from_pb(s) for s in response.sessions]
 
     async def evaluate(self, session_id: str, *, task: Any = None, mode: str = "clean_room", timeout: float = 0.0) -> GradeResult:
         """Grade a session (see :meth:`AsyncSession.grade`)."""
         request = evaluate_request(session_id, task=task, mode=mode, timeout=timeout)
-        # Grading does not change the agent's sandbox: safe to repeat on UNAVAILABLE.
-        result = await self._call(self._stub.Evaluate, request, timeout=self.timeout + (timeout or 900.0), retry=True)
-        return GradeResult.from_pb(result)
+        return GradeResult.from_pb(await self._call("Evaluate", request))
 
-    async def node_status(self) -> pb.NodeStatus:
-        """Pools (ready, in use, creating, failures), sessions, capacity, load, version."""
-        return await self._call(self._stub.GetNodeStatus, pb.GetNodeStatusRequest(), timeout=self.timeout, retry=True)
+    async def node_status(self) -> NodeStatus:
+        """Pools (ready, in use, creating, failures), sessions, capacity, load, version, events."""
+        return NodeStatus.from_pb(await self._call("GetNodeStatus", pb.GetNodeStatusRequest()))
+
+
+def _batch_item(item: pb.ExecBatchItem) -> ExecResult | SandboxRPCError:
+    if item.WhichOneof("outcome") == "result":
+        return ExecResult.from_pb(item.result)
+    return error_from_name(item.error.code, item.error.message)
+
+
+def _files(response: pb.ReadFilesResponse) -> dict[str, FileData]:
+    return {f.path: FileData(f.path, f.data, f.size, f.truncated, f.error or None) for f in response.files}
 
 
 class AsyncSession:
@@ -296,18 +211,14 @@ class AsyncSession:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def exec(self, command: Command, **options: Any) -> ExecResult:
-        """Run ``command`` (a shell string or an argv list).
-
-        Keyword options: shell_session, cwd, env, stdin, timeout (seconds), stdout_cap,
-        stderr_cap, seq (a retried step with the same seq does not run twice).
-        """
+    async def exec(self, command: Command, **options: Unpack[ExecOptions]) -> ExecResult:
+        """Run ``command`` (a shell string or an argv list); options: :class:`ExecOptions`."""
         return await self.client.exec(self.id, command, **options)
 
-    def exec_stream(self, command: Command, **options: Any) -> AsyncIterator[tuple[str, bytes | ExecResult]]:
+    def exec_stream(self, command: Command, **options: Unpack[ExecOptions]) -> AsyncIterator[tuple[str, bytes | ExecResult]]:
         return self.client.exec_stream(self.id, command, **options)
 
-    async def write_files(self, files: Mapping[str, bytes | str | tuple[bytes, int]]) -> None:
+    async def write_files(self, files: Mapping[str, FileContents]) -> None:
         await self.client.write_files(self.id, files)
 
     async def read_files(self, paths: Sequence[str], *, max_bytes: int = 0) -> dict[str, FileData]:
@@ -327,7 +238,7 @@ class AsyncSession:
 
 
 class _SessionContext:
-    def __init__(self, client: AsyncClient, pool: str, options: dict[str, Any]) -> None:
+    def __init__(self, client: AsyncClient, pool: str, options: SessionOptions) -> None:
         self._client = client
         self._pool = pool
         self._options = options

@@ -3,27 +3,30 @@ event loop in a process that already runs one, so this is not a wrapper around A
 
 from __future__ import annotations
 
-import random
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import grpc
-from rlsandbox.client._client import (
-    RETRY_ATTEMPTS,
+from rlsandbox.client import _policy
+from rlsandbox.client._client import DEFAULT_TIMEOUT, _batch_item, _files, channel_credentials, channel_options
+from rlsandbox.client._errors import SandboxRPCError, from_rpc_error
+from rlsandbox.client._requests import (
     Command,
-    channel_credentials,
-    channel_options,
+    ExecOptions,
+    FileContents,
+    SessionOptions,
+    create_session_request,
     evaluate_request,
     exec_request,
     write_files_request,
 )
-from rlsandbox.client._errors import UnavailableError, from_rpc_error
-from rlsandbox.client._types import ExecResult, FileData, GradeResult, SessionInfo, task_message
+from rlsandbox.client._types import BatchCommand, ExecResult, FileData, GradeResult, NodeStatus, SessionInfo
 from rlsandbox.v1 import sandbox_pb2 as pb
 from rlsandbox.v1 import sandbox_pb2_grpc
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class Client:
@@ -39,7 +42,7 @@ class Client:
         self,
         target: str = "127.0.0.1:7420",
         *,
-        timeout: float = 60.0,
+        timeout: float = DEFAULT_TIMEOUT,
         token: str | None = None,
         tls_ca: str | bytes | None = None,
         tls_server_name: str | None = None,
@@ -65,69 +68,60 @@ class Client:
         """Close the channel."""
         self._channel.close()
 
-    def _call(self, method: Callable[..., T], request: Any, *, timeout: float, retry: bool) -> T:
+    def _call(self, method: str, request: Any) -> Any:
+        """One call with its deadline and retry rule from the policy table (_policy.py)."""
+        stub: Callable[..., Any] = getattr(self._stub, method)
+        timeout = _policy.deadline(method, request, self.timeout)
         attempt = 0
         while True:
             try:
-                return method(request, timeout=timeout)
+                return stub(request, timeout=timeout)
             except grpc.RpcError as e:
                 error = from_rpc_error(e, self.target, self._tls)
                 attempt += 1
-                if not (retry and isinstance(error, UnavailableError) and attempt < RETRY_ATTEMPTS):
+                pause = _policy.retry_after(method, request, error, attempt)
+                if pause is None:
                     raise error from None
-                time.sleep(min(2.0, 0.1 * 2**attempt) * (0.5 + random.random()))
+                time.sleep(pause)
 
-    def create_session(self, pool: str = "", *, acquire_timeout: float = 0.0, task: Any = None, **options: Any) -> Session:
-        """Start a session on a sandbox of ``pool`` (options as in AsyncClient.create_session)."""
-        if task is not None:
-            options["task"] = task_message(task)
-        request = pb.CreateSessionRequest(pool=pool, acquire_timeout=acquire_timeout, **options)
-        info = self._call(
-            self._stub.CreateSession,
-            request,
-            timeout=self.timeout + acquire_timeout + (600.0 if task is not None else 0.0),
-            retry=bool(request.idempotency_key),
-        )
-        return Session(self, SessionInfo.from_pb(info))
+    def create_session(self, pool: str = "", **options: Unpack[SessionOptions]) -> Session:
+        """Start a session on a sandbox of ``pool`` (options: :class:`SessionOptions`)."""
+        return Session(self, SessionInfo.from_pb(self._call("CreateSession", create_session_request(pool, **options))))
 
-    def session(self, pool: str = "", **options: Any) -> Session:
+    def session(self, pool: str = "", **options: Unpack[SessionOptions]) -> Session:
         """``with client.session(pool="python") as s:``; the session is closed on exit."""
         return self.create_session(pool, **options)
 
-    def exec(self, session_id: str, command: Command, **options: Any) -> ExecResult:
-        request = exec_request(session_id, command, **options)
-        result = self._call(self._stub.Exec, request, timeout=self.timeout + (request.timeout or 300.0), retry=request.seq > 0)
-        return ExecResult.from_pb(result)
+    def exec(self, session_id: str, command: Command, **options: Unpack[ExecOptions]) -> ExecResult:
+        return ExecResult.from_pb(self._call("Exec", exec_request(session_id, command, **options)))
 
-    def write_files(self, session_id: str, files: Mapping[str, bytes | str | tuple[bytes, int]]) -> None:
-        request = write_files_request(session_id, files)
-        self._call(self._stub.WriteFiles, request, timeout=self.timeout, retry=True)
+    def exec_batch(self, commands: Iterable[BatchCommand]) -> list[ExecResult | SandboxRPCError]:
+        """One command in each of many sessions in one call; per item an ExecResult or its error."""
+        request = pb.ExecBatchRequest(requests=[exec_request(c.session_id, c.command, **c.options) for c in commands])
+        response = self._call("ExecBatch", request)
+        return [_batch_item(i) for i in response.items]
+
+    def write_files(self, session_id: str, files: Mapping[str, FileContents]) -> None:
+        self._call("WriteFiles", write_files_request(session_id, files))
 
     def read_files(self, session_id: str, paths: Sequence[str], *, max_bytes: int = 0) -> dict[str, FileData]:
-        request = pb.ReadFilesRequest(session_id=session_id, paths=list(paths), max_bytes=max_bytes)
-        response = self._call(self._stub.ReadFiles, request, timeout=self.timeout, retry=True)
-        return {f.path: FileData(f.path, f.data, f.size, f.truncated, f.error or None) for f in response.files}
+        return _files(self._call("ReadFiles", pb.ReadFilesRequest(session_id=session_id, paths=list(paths), max_bytes=max_bytes)))
 
     def close_session(self, session_id: str) -> bool:
-        request = pb.CloseSessionRequest(session_id=session_id)
-        return bool(self._call(self._stub.CloseSession, request, timeout=self.timeout, retry=True).closed)
+        return bool(self._call("CloseSession", pb.CloseSessionRequest(session_id=session_id)).closed)
 
     def get_session(self, session_id: str) -> SessionInfo:
-        request = pb.GetSessionRequest(session_id=session_id)
-        return SessionInfo.from_pb(self._call(self._stub.GetSession, request, timeout=self.timeout, retry=True))
+        return SessionInfo.from_pb(self._call("GetSession", pb.GetSessionRequest(session_id=session_id)))
 
     def list_sessions(self, labels: Mapping[str, str] | None = None, pool: str = "") -> list[SessionInfo]:
-        request = pb.ListSessionsRequest(labels=dict(labels or {}), pool=pool)
-        response = self._call(self._stub.ListSessions, request, timeout=self.timeout, retry=True)
+        response = self._call("ListSessions", pb.ListSessionsRequest(labels=dict(labels or {}), pool=pool))
         return [SessionInfo.from_pb(s) for s in response.sessions]
 
     def evaluate(self, session_id: str, *, task: Any = None, mode: str = "clean_room", timeout: float = 0.0) -> GradeResult:
-        request = evaluate_request(session_id, task=task, mode=mode, timeout=timeout)
-        result = self._call(self._stub.Evaluate, request, timeout=self.timeout + (timeout or 900.0), retry=True)
-        return GradeResult.from_pb(result)
+        return GradeResult.from_pb(self._call("Evaluate", evaluate_request(session_id, task=task, mode=mode, timeout=timeout)))
 
-    def node_status(self) -> pb.NodeStatus:
-        return self._call(self._stub.GetNodeStatus, pb.GetNodeStatusRequest(), timeout=self.timeout, retry=True)
+    def node_status(self) -> NodeStatus:
+        return NodeStatus.from_pb(self._call("GetNodeStatus", pb.GetNodeStatusRequest()))
 
 
 class Session:
@@ -144,10 +138,10 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def exec(self, command: Command, **options: Any) -> ExecResult:
+    def exec(self, command: Command, **options: Unpack[ExecOptions]) -> ExecResult:
         return self.client.exec(self.id, command, **options)
 
-    def write_files(self, files: Mapping[str, bytes | str | tuple[bytes, int]]) -> None:
+    def write_files(self, files: Mapping[str, FileContents]) -> None:
         self.client.write_files(self.id, files)
 
     def read_files(self, paths: Sequence[str], *, max_bytes: int = 0) -> dict[str, FileData]:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional, Union
 
 from rlsandbox.v1 import sandbox_pb2 as pb
 
@@ -157,19 +156,72 @@ class GradeResult:
         )
 
 
-def task_message(task: Any) -> pb.Task:
-    """A task for the API from: a ``pb.Task``; an object with ``spec_json()`` and ``workspace_tar``
-    (``rlsandbox.daemon.grading.task.Task``, from ``load_tasks``); a spec as a JSON string or a
-    mapping (workspace in the image, or pass ``(spec, workspace_tar)``)."""
-    if isinstance(task, pb.Task):
-        return task
-    if isinstance(task, tuple) and len(task) == 2:
-        spec, tar = task
-        return pb.Task(spec_json=spec if isinstance(spec, str) else json.dumps(spec), workspace_tar=bytes(tar))
-    if hasattr(task, "spec_json") and hasattr(task, "workspace_tar"):
-        return pb.Task(spec_json=task.spec_json(), workspace_tar=task.workspace_tar)
-    if isinstance(task, str):
-        return pb.Task(spec_json=task)
-    if isinstance(task, Mapping):
-        return pb.Task(spec_json=json.dumps(dict(task)))
-    raise TypeError(f"cannot send {type(task).__name__} as a task; see rlsandbox.client.task_message")
+@dataclass(frozen=True)
+class BatchCommand:
+    """One command of :meth:`AsyncClient.exec_batch`: ``command`` in session ``session_id`` with
+    ``options`` (the keyword options of ``exec``: timeout, cwd, env, seq, ...)."""
+
+    session_id: str
+    command: Union[str, Sequence[str]]
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    name: str
+    image: str
+    oci_runtime: str
+    ready: int
+    in_use: int
+    creating: int
+    waiting: int
+    min_ready: int
+    max_total: int
+    created_total: int
+    failed_total: int
+    consecutive_failures: int
+    last_error: str
+    acquired_total: int
+    acquired_waited_total: int  # hand-outs that had to wait for a sandbox (pool misses)
+
+
+@dataclass(frozen=True)
+class EventsStatus:
+    connected: bool
+    published_total: int
+    queued: int
+    outbox_events: int
+    outbox_bytes: int
+    outbox_max_bytes: int
+    dropped_total: int
+    last_error: str
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """A node's pools, sessions, capacity, load and event publishing (None: events off)."""
+
+    node_id: str
+    version: str
+    pools: list[PoolStatus]
+    sessions: int
+    max_sessions: int
+    docker_reachable: bool
+    serving: bool
+    load1: float
+    uptime: float
+    execs_total: int
+    events: Optional[EventsStatus]
+
+    @classmethod
+    def from_pb(cls, m: pb.NodeStatus) -> NodeStatus:
+        return cls(
+            **_same_names(cls, m, skip={"pools", "events"}),
+            pools=[PoolStatus(**_same_names(PoolStatus, p)) for p in m.pools],
+            events=EventsStatus(**_same_names(EventsStatus, m.events)) if m.HasField("events") else None,
+        )
+
+
+def _same_names(cls: type, message: Any, skip: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
+    """The fields of dataclass ``cls`` taken from the message's fields of the same names."""
+    return {f.name: getattr(message, f.name) for f in fields(cls) if f.name not in skip}

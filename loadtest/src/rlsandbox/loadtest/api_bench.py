@@ -16,7 +16,7 @@ import os
 import time
 from typing import Any
 
-from rlsandbox.client import AsyncClient, AsyncSession, ResourceExhaustedError, exec_request
+from rlsandbox.client import AsyncClient, AsyncSession, BatchCommand, ResourceExhaustedError
 from rlsandbox.loadtest.foundation import throughput, timed_sequential
 from rlsandbox.loadtest.node import daemon_process, daemon_rss, wait_quiet, wait_ready
 from rlsandbox.loadtest.stats import bench_cli, latency_table, machine, summary_ms
@@ -73,7 +73,7 @@ async def bench(live_sessions: int, scale: float) -> dict[str, Any]:
         results["exec_true_c64_throughput"] = len(samples) / (time.perf_counter() - t0)
         results["exec_true_c64"] = summary_ms(samples)
 
-        batch = [exec_request(s.id, true) for s in sessions]
+        batch = [BatchCommand(s.id, true) for s in sessions]
         batches = n(50)
         for in_flight in (1, 2):
             # With one call in flight the node idles while the slowest command of each call ends;

@@ -19,7 +19,7 @@ import resource
 import time
 from typing import Any
 
-from rlsandbox.client import AsyncClient, AsyncSession, exec_request
+from rlsandbox.client import AsyncClient, AsyncSession, BatchCommand
 from rlsandbox.loadtest.api_bench import CONFIG
 from rlsandbox.loadtest.node import daemon_process, wait_quiet, wait_ready
 from rlsandbox.loadtest.stats import bench_cli, machine, process_cpu
@@ -80,7 +80,7 @@ async def _measure(
 
     async def batch() -> None:
         nonlocal done
-        requests = [exec_request(s.id, ["true"]) for s in sessions]
+        requests = [BatchCommand(s.id, ["true"]) for s in sessions]
         while time.monotonic() < stop:
             await client.exec_batch(requests)
             done += len(requests)

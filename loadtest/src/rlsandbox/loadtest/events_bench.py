@@ -175,7 +175,7 @@ async def overhead(server: NatsServer, tmp: Path, execs: int) -> dict[str, Any]:
             "overhead_p50_percent": (stats["on"]["p50"] / off["p50"] - 1) * 100,
             "overhead_mean_percent": (stats["on"]["mean"] / off["mean"] - 1) * 100,
             "confirmed_overhead_p50_percent": (stats["confirmed"]["p50"] / off["p50"] - 1) * 100,
-            "published_by_daemon": status.events.published_total,
+            "published_by_daemon": status.events.published_total if status.events is not None else 0,
         }
     finally:
         agg.terminate()

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rlsandbox.client import AsyncClient, AsyncSession, SandboxRPCError, exec_request
+from rlsandbox.client import AsyncClient, AsyncSession, BatchCommand, SandboxRPCError
 from rlsandbox.daemon.grading.task import Task, load_tasks
 from rlsandbox.loadtest.node import daemon_process, wait_quiet, wait_ready
 from rlsandbox.loadtest.stats import machine, percentile, process_cpu, summary_ms
@@ -133,7 +133,7 @@ class Sampler:
                 point["sessions"] = st.sessions
                 point["containers"] = sum(p.ready + p.in_use + p.creating for p in st.pools)
                 point["pools"] = {p.name: {"ready": p.ready, "in_use": p.in_use} for p in st.pools}
-                if st.HasField("events"):
+                if st.events is not None:
                     point["events_published"] = st.events.published_total
                     point["events_lag"] = st.events.queued + st.events.outbox_events
             proc = await asyncio.to_thread(self._proc)
@@ -199,7 +199,7 @@ async def batch(client: AsyncClient, rec: Recorder, sessions_n: int, in_flight: 
     each call, ``in_flight`` calls at a time. Throughput is commands (not calls) per second."""
     sessions = await _sessions(client, rec, pool, sessions_n)
     await wait_quiet(client)
-    requests = [exec_request(s.id, ["true"]) for s in sessions]
+    requests = [BatchCommand(s.id, ["true"]) for s in sessions]
     commands = failed = 0
     stop = time.perf_counter() + seconds
 
