@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from rlsandbox.daemon import logs
 from rlsandbox.daemon.errors import SandboxError
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
@@ -44,7 +44,12 @@ async def _images_list(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlsandbox", description="Sandboxed episodes for agent RL.")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument(
+        "--log-level", default="INFO", help="INFO, or a level per component: INFO,pool=DEBUG,grading=WARNING (default INFO)"
+    )
+    parser.add_argument(
+        "--log-format", default="auto", choices=("auto", "json", "text"), help="JSON lines, or text (auto: text on a terminal)"
+    )
     parser.add_argument("--docker-socket", default="/var/run/docker.sock", help="Docker engine socket")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -74,8 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        logs.configure(args.log_level, args.log_format)
+    except ValueError as e:
+        parser.error(str(e))
     handler: Handler = args.handler
     try:
         import uvloop

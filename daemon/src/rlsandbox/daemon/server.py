@@ -28,11 +28,13 @@ from rlsandbox.daemon import __version__
 from rlsandbox.daemon.api.auth import BearerTokenInterceptor, load_tokens, server_credentials
 from rlsandbox.daemon.api.edge import EdgeInterceptor
 from rlsandbox.daemon.api.servicer import SandboxServicer
+from rlsandbox.daemon.background import Background
 from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.errors import SandboxError, Unavailable
 from rlsandbox.daemon.events.publisher import EventPublisher
 from rlsandbox.daemon.grading.grader import Grader
 from rlsandbox.daemon.journal import SessionJournal
+from rlsandbox.daemon.logs import set_node_fields
 from rlsandbox.daemon.pool import CreateLimiter, Reconciler, SandboxFactory, WarmPool
 from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, DockerRuntime
 from rlsandbox.daemon.session import SessionManager
@@ -104,7 +106,8 @@ class NodeDaemon:
         self.server: grpc.aio.Server | None = None
         self.unix_server: grpc.aio.Server | None = None  # only when the unix socket is open and TCP is not
         self.tcp_port: int | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self.background = Background(self._crashed)
+        self.crashed = ""  # why the node stopped on its own, if it did
         self._stopping: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
 
@@ -149,59 +152,93 @@ class NodeDaemon:
         )
 
     async def start(self) -> None:
+        """All or nothing: each step that succeeded is undone if a later one fails (uvicorn's
+        ``Server.startup`` is the model), so a failed start leaves no socket, task or open file,
+        and never destroys a sandbox an earlier life left: re-adopted sessions are only let go
+        (their journal rows stay for the next start)."""
         raise_open_files_limit(self.config.max_sessions)
-        await self.runtime.start()
-        try:
-            await self.runtime.ping()
-        except SandboxError as e:
-            await self.runtime.close()
-            raise Unavailable(f"{e.message}; is dockerd running? (scripts/bootstrap.sh starts it)") from None
-        self.docker_ok = True
-        if self.journal is not None:
-            owned = await self.runtime.list_containers({LABEL_MANAGED: "1", LABEL_OWNER: self.runtime.owner})
-            adopted, lost = await self.sessions.recover({c.name: c.state for c in owned})
-            if adopted or lost:
-                log.warning("start-up: re-adopted %d sessions of an earlier run; %d could not be (ended)", adopted, lost)
-        removed = await self.reconciler.sweep(grace=0)
-        if removed:
-            log.warning("start-up: removed %d containers left by an earlier run of node %s", len(removed), self.config.node_id)
+        set_node_fields(node=self.config.node_id)
+        async with contextlib.AsyncExitStack() as undo:
+            await self.runtime.start()
+            undo.push_async_callback(self.runtime.close)
+            try:
+                await self.runtime.ping()
+            except SandboxError as e:
+                raise Unavailable(f"{e.message}; is dockerd running? (scripts/bootstrap.sh starts it)") from None
+            self.docker_ok = True
+            if self.journal is not None:
+                await asyncio.to_thread(self.journal.open)
+                undo.push_async_callback(self.journal.close)
+            if self.events is not None:
+                await self.events.open()
+                undo.push_async_callback(self.events.stop, 0.0)
+            servers = self._bind()  # before recovery: a port in use fails here, with nothing adopted yet
+            undo.push_async_callback(self._stop_servers, servers, 0.0)
+            if self.journal is not None:
+                owned = await self.runtime.list_containers({LABEL_MANAGED: "1", LABEL_OWNER: self.runtime.owner})
+                undo.push_async_callback(self.sessions.let_go, "the daemon's start failed; the next start re-adopts it")
+                adopted, lost = await self.sessions.recover({c.name: c.state for c in owned})
+                if adopted or lost:
+                    log.warning("start-up: re-adopted %d sessions of an earlier run; %d could not be (ended)", adopted, lost)
+            removed = await self.reconciler.sweep(grace=0)
+            if removed:
+                log.warning("start-up: removed %d containers an earlier run of node %s left", len(removed), self.config.node_id)
+            for server in servers:
+                await server.start()
+            self.server, self.unix_server = servers[0], servers[1] if len(servers) > 1 else None
+            if self.events is not None:
+                await self.events.start()  # publishes what recovery emitted, too
+            undo.push_async_callback(self.background.aclose)
+            for pool in self.pools.values():
+                self.background.spawn(pool.run(), f"pool-{pool.name}")
+            self.background.spawn(self.sessions.run_reaper(), "session-reaper")
+            self.background.spawn(self.reconciler.run(), "reconciler")
+            self.background.spawn(self._watch_health(), "health")
+            await self._set_health(True)
+            undo.pop_all()  # started: from here on, stop() undoes it all
+        log.info("node serving on %s (%d pools)", self.address, len(self.pools), extra={"node": self.config.node_id})
+
+    def _bind(self) -> list[grpc.aio.Server]:
+        """The gRPC servers with their ports bound (not started): the first is the main one."""
+        cfg = self.config
         options = [
-            ("grpc.max_receive_message_length", self.config.max_message_bytes),
-            ("grpc.max_send_message_length", self.config.max_message_bytes),
+            ("grpc.max_receive_message_length", cfg.max_message_bytes),
+            ("grpc.max_send_message_length", cfg.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
-        cfg = self.config
         tokens = load_tokens(cfg.auth_token_file) if cfg.auth_token_file else None
         # The unix socket gets a server of its own when it is open and TCP is not.
         split = bool(tokens and cfg.listen_unix and cfg.auth_unix_open and cfg.listen_tcp)
         server = self._grpc_server(options, tokens)
+        servers = [server]
         if cfg.listen_tcp:
-            if cfg.tls_cert and cfg.tls_key:
-                self.tcp_port = server.add_secure_port(cfg.listen_tcp, server_credentials(cfg.tls_cert, cfg.tls_key))
-            else:
-                self.tcp_port = server.add_insecure_port(cfg.listen_tcp)
+            try:
+                if cfg.tls_cert and cfg.tls_key:
+                    self.tcp_port = server.add_secure_port(cfg.listen_tcp, server_credentials(cfg.tls_cert, cfg.tls_key))
+                else:
+                    self.tcp_port = server.add_insecure_port(cfg.listen_tcp)
+            except RuntimeError as e:  # grpc raises this when the port cannot be bound
+                raise Unavailable(f"cannot listen on {cfg.listen_tcp} ({e}); is another daemon using it?") from None
             if not self.tcp_port:
-                raise Unavailable(f"cannot listen on {cfg.listen_tcp}")
+                raise Unavailable(f"cannot listen on {cfg.listen_tcp}; is another daemon using it?")
         if cfg.listen_unix:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(cfg.listen_unix)
             unix_server = self._grpc_server(options, None if cfg.auth_unix_open else tokens) if split else server
             unix_server.add_insecure_port(f"unix:{cfg.listen_unix}")
             if split:
-                await unix_server.start()
-                self.unix_server = unix_server
-        await server.start()
-        self.server = server
-        if self.events is not None:
-            await self.events.start()  # publishes what recovery emitted, too
-        loop = asyncio.get_running_loop()
-        for pool in self.pools.values():
-            self._tasks.append(loop.create_task(pool.run(), name=f"pool-{pool.name}"))
-        self._tasks.append(loop.create_task(self.sessions.run_reaper(), name="session-reaper"))
-        self._tasks.append(loop.create_task(self.reconciler.run(), name="reconciler"))
-        self._tasks.append(loop.create_task(self._watch_health(), name="health"))
-        await self._set_health(True)
-        log.info("node %s serving on %s (%d pools)", self.config.node_id, self.address, len(self.pools))
+                servers.append(unix_server)
+        return servers
+
+    @staticmethod
+    async def _stop_servers(servers: list[grpc.aio.Server], grace: float) -> None:
+        await asyncio.gather(*(s.stop(grace) for s in servers))
+
+    def _crashed(self, name: str, error: BaseException) -> None:
+        """A background loop died (a bug): stop the whole node rather than run without it."""
+        self.crashed = f"background task {name} crashed: {type(error).__name__}: {error}"
+        if self._stopping is None:
+            self._stopping = asyncio.get_running_loop().create_task(self._stop(None))
 
     async def _set_health(self, ok: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -267,10 +304,9 @@ class NodeDaemon:
             log.warning("shutdown: removing sandboxes took over %.0f s; the rest go at the next start", cleanup)
         self.reconciler.stop()
         self._stopped.set()
-        for task in self._tasks:
-            if not task.done():
-                task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        stuck = await self.background.aclose()
+        if stuck:
+            log.warning("shutdown: background tasks %s did not stop in time", ", ".join(stuck))
         with contextlib.suppress(SandboxError, TimeoutError):
             async with asyncio.timeout(max(deadline - loop.time(), 1.0)):
                 await self.reconciler.sweep(grace=0)  # anything a cancelled create left behind
@@ -326,15 +362,20 @@ def sd_notify(message: str) -> None:
 
 
 async def run_until_signalled(daemon: NodeDaemon, *, on_ready: Any = None) -> None:
-    """Serve until SIGTERM/SIGINT; a second signal cuts the grace period to zero."""
+    """Serve until SIGTERM/SIGINT; a second signal cuts the grace period to zero. A signal during
+    start-up cancels the start, which undoes what it had done."""
     loop = asyncio.get_running_loop()
     signals = 0
     stop_task: list[asyncio.Task[None]] = []
+    starting = loop.create_task(daemon.start(), name="start")
 
     def on_signal(signum: int) -> None:
         nonlocal signals
         signals += 1
-        if signals == 1:
+        if not starting.done():
+            log.warning("%s during start-up: undoing the start", signal.Signals(signum).name)
+            starting.cancel()
+        elif signals == 1:
             log.info("%s: shutting down gracefully (again to force)", signal.Signals(signum).name)
             sd_notify("STOPPING=1")
             stop_task.append(loop.create_task(daemon.stop()))
@@ -344,7 +385,12 @@ async def run_until_signalled(daemon: NodeDaemon, *, on_ready: Any = None) -> No
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
-    await daemon.start()
+    try:
+        await starting
+    except BaseException:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        raise
     tune_gc()
     sd_notify("READY=1")
     watchdog = _watchdog_interval()

@@ -15,6 +15,7 @@ place, around every handler.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from rlsandbox.daemon.api.limits import LimitExceeded, check
 from rlsandbox.daemon.errors import ResourceExhausted, SandboxError
+from rlsandbox.daemon.logs import log_context
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +41,20 @@ async def abort_with(context: grpc.aio.ServicerContext, error: Exception, method
             metadata.append(("retry-after", f"{error.retry_after:.1f}"))
         if metadata:
             context.set_trailing_metadata(tuple(metadata))
-        log.info("%s: %s %s %s", method, error.code.name, error.message[:300], error.fields or "")
+        log.info("%s: %s", method, error.message[:300], extra={"code": error.code.name, "fields": error.fields})
         await context.abort(error.code, error.message)
     log.error("internal error in %s", method, exc_info=error)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see the daemon log")
+
+
+def _trace_id(traceparent: Any) -> str:
+    """The trace id of a W3C ``traceparent`` header (``00-<32 hex>-<16 hex>-<flags>``), else ''."""
+    if not isinstance(traceparent, str):
+        return ""
+    parts = traceparent.split("-")
+    if len(parts) == 4 and len(parts[1]) == 32 and all(c in "0123456789abcdef" for c in parts[1]):
+        return parts[1]
+    return ""
 
 
 class _Undecodable:
@@ -106,6 +118,9 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or handler.request_streaming:
             return handler
         method = handler_call_details.method.rsplit("/", 1)[-1]
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        request_id = _printable(metadata.get("x-request-id") or secrets.token_hex(6))
+        trace = _trace_id(metadata.get("traceparent"))
         inner: Any = handler.unary_unary
         stream_inner: Any = handler.unary_stream
 
@@ -113,23 +128,25 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
             problem = _problem(request, method)
             if problem is not None:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-            try:
-                return await inner(request, context)
-            except grpc.aio.AbortError:
-                raise
-            except Exception as e:
-                await abort_with(context, e, method)
+            with log_context(request=request_id, trace=trace, session=getattr(request, "session_id", "")):
+                try:
+                    return await inner(request, context)
+                except grpc.aio.AbortError:
+                    raise
+                except Exception as e:
+                    await abort_with(context, e, method)
 
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             problem = _problem(request, method)
             if problem is not None:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-            try:
-                async for item in stream_inner(request, context):
-                    yield item
-            except grpc.aio.AbortError:
-                raise
-            except Exception as e:
-                await abort_with(context, e, method)
+            with log_context(request=request_id, trace=trace, session=getattr(request, "session_id", "")):
+                try:
+                    async for item in stream_inner(request, context):
+                        yield item
+                except grpc.aio.AbortError:
+                    raise
+                except Exception as e:
+                    await abort_with(context, e, method)
 
         return with_behaviour(handler, unary, stream, _lenient(handler.request_deserializer))
