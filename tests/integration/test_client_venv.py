@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from rlsandbox.daemon.server import NodeDaemon
 
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = r"""
 import sys

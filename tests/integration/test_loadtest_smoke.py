@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rlsandbox.loadtest import api_bench, events_bench, foundation, grading_bench
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
 async def test_foundation_benchmark_runs(images: dict[str, str]) -> None:

@@ -123,6 +123,7 @@ async def aggregator(tmp_path: Path) -> AsyncIterator[tuple[str, Aggregator]]:
         await server.stop()
 
 
+@pytest.mark.slow
 async def test_sigkilled_daemon_restarts_and_readopts_its_sessions(
     tmp_path: Path, docker_runtime: DockerRuntime, images: object, aggregator: tuple[str, Aggregator]
 ) -> None:
@@ -277,6 +278,7 @@ async def engine(tmp_path: Path, images: object) -> AsyncIterator[Engine]:
     assert Path("/sys/class/net/docker0").exists() == host_bridge, "the test's dockerd touched the host's docker0"
 
 
+@pytest.mark.slow
 async def test_docker_engine_restart_mid_load_fails_fast_and_recovers(engine: Engine) -> None:
     node_id = f"{TEST_OWNER}-engine"
     config = daemon_config(

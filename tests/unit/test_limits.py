@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import resource
 
-from rlsandbox.daemon.server import raise_open_files_limit
+from rlsandbox.daemon.process import raise_open_files_limit
 
 
 def test_soft_open_files_limit_is_raised_to_the_hard_one() -> None:

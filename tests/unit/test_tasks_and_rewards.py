@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from rlsandbox.daemon import cli
+from rlsandbox.daemon.grading.importers import from_swebench, patch_files
 from rlsandbox.daemon.grading.reports import Outcome, TestCase, TestReport
 from rlsandbox.daemon.grading.rewards import (
     MISSING,
@@ -25,11 +26,9 @@ from rlsandbox.daemon.grading.task import (
     RewardSpec,
     Task,
     TaskError,
-    from_swebench,
     json_schema,
     load_tasks,
     matches,
-    patch_files,
 )
 from rlsandbox.daemon.grading.workspace import Entry, Snapshot, changes_tar, plan, snapshot_from_archive
 

@@ -42,7 +42,8 @@ def _config(args: argparse.Namespace) -> DaemonConfig:
 
 
 async def _daemon(args: argparse.Namespace) -> int:
-    from rlsandbox.daemon.server import NodeDaemon, run_until_signalled
+    from rlsandbox.daemon.process import run_until_signalled
+    from rlsandbox.daemon.server import NodeDaemon
 
     daemon = NodeDaemon(_config(args))
     await run_until_signalled(daemon)
@@ -203,7 +204,8 @@ async def _embedded_events(config: DaemonConfig, state: Path) -> AsyncIterator[t
 
 
 async def _serve_with_demo(config: DaemonConfig, args: argparse.Namespace, aggregator: Any = None) -> int:
-    from rlsandbox.daemon.server import NodeDaemon, run_until_signalled
+    from rlsandbox.daemon.process import run_until_signalled
+    from rlsandbox.daemon.server import NodeDaemon
 
     daemon = NodeDaemon(config)
     outcome: dict[str, bool] = {}

@@ -60,7 +60,8 @@ async def _schema(args: argparse.Namespace) -> int:
 
 
 async def _import_swebench(args: argparse.Namespace) -> int:
-    from rlsandbox.daemon.grading.task import TaskError, from_swebench
+    from rlsandbox.daemon.grading.importers import from_swebench
+    from rlsandbox.daemon.grading.task import TaskError
 
     src = Path(args.path)
     lines = src.read_text(encoding="utf-8")

@@ -27,32 +27,24 @@ from typing import Any
 import nats
 import nats.errors
 import nats.js.errors
-import orjson
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import StorageType, StreamConfig
 from rlsandbox.daemon.events.connection import NatsAuth
+from rlsandbox.daemon.events.encoding import MAX_MESSAGE_BYTES, Encoder, Record
 from rlsandbox.daemon.events.model import (
     ALERT,
     DUPLICATE_WINDOW,
     HEARTBEAT,
-    STEP,
     STREAM,
     STREAM_SUBJECTS,
     Event,
-    batch_of,
-    decode_all,
-    steps_subject,
 )
 from rlsandbox.daemon.events.outbox import Outbox
 
 log = logging.getLogger(__name__)
 
 BATCH = 512
-# No message is larger than this (NATS's default max_payload is 1 MiB; a server that accepts less
-# lowers it at connect): an event that would be larger is cut to fit, with a note.
-MAX_MESSAGE_BYTES = 256 << 10
-BATCH_OVERHEAD = 256  # the batch envelope around step events
 MEMORY_QUEUE_LIMIT = 50_000  # beyond this many unpublished events in memory, spill to the outbox
 
 
@@ -130,8 +122,7 @@ class EventPublisher:
     ) -> None:
         self._auth_options = (auth or NatsAuth()).connect_options()
         self.linger = linger
-        self.step_batch = step_batch
-        self._batch_seq = 0
+        self.encoder = Encoder(node_id, instance, step_batch)
         self.node_id = node_id
         self.instance = instance
         self.nats_url = nats_url
@@ -158,9 +149,7 @@ class EventPublisher:
         self._node_seq = 0
         self.published_total = 0
         self.dropped_total = 0
-        self.cut_total = 0  # events cut to fit a message
         self.dead_lettered_total = 0  # messages NATS refused for their content, kept apart
-        self.event_limit = MAX_MESSAGE_BYTES
         self._refused = ""  # why NATS refused the last batch for its content, if it did
         self._dropped_unreported = 0
         self.last_error = ""
@@ -232,7 +221,7 @@ class EventPublisher:
             outbox_max_bytes=self.outbox.max_bytes,
             dropped_total=self.dropped_total,
             last_error=self.last_error,
-            cut_total=self.cut_total,
+            cut_total=self.encoder.cut_total,
             dead_lettered_total=self.dead_lettered_total,
         )
 
@@ -272,7 +261,7 @@ class EventPublisher:
         self._js = self._nc.jetstream(timeout=self.publish_timeout)
         server_max = int(getattr(self._nc, "max_payload", 0) or 0)
         if server_max:
-            self.event_limit = min(MAX_MESSAGE_BYTES, server_max - 1024)
+            self.encoder.limit = min(MAX_MESSAGE_BYTES, server_max - 1024)
         await self._assert_stream()
 
     async def _assert_stream(self) -> None:
@@ -354,7 +343,7 @@ class EventPublisher:
             return
         batch = [self._queue.popleft() for _ in range(min(len(self._queue), BATCH))]
         try:
-            records = self._records(batch) if batch else []
+            records = self.encoder.records(batch) if batch else []
             published = not batch or await self._publish(records) or await self._dead_letter_refused(records)
         except asyncio.CancelledError:
             # Stopping mid-publish: put the batch back in front, for stop() to keep in the outbox
@@ -366,50 +355,7 @@ class EventPublisher:
         else:
             self._durable(batch)
 
-    def _records(self, events: list[Event]) -> list[tuple[str, str, bytes, int]]:
-        """Messages for ``events``, in order: runs of consecutive step events (one or more) become
-        batch messages of up to ``step_batch`` events and ``event_limit`` bytes (one message per
-        step costs ~4x the CPU end to end, measured); every other event is a message on its own
-        session subject. No message exceeds ``event_limit``: an event that would is cut to fit,
-        with a note (``Event.fitted``)."""
-        records: list[tuple[str, str, bytes, int]] = []
-        run: list[bytes] = []
-        run_bytes = 0
-        limit = self.event_limit
-
-        def flush() -> None:
-            nonlocal run_bytes
-            # Even a run of one goes out as a batch: with batching on, steps are always on
-            # rlsandbox.v1.<node>.steps, where subscribers look for them.
-            if run:
-                self._batch_seq += 1
-                msg_id = f"{self.node_id}/{self.instance}:batch:{self._batch_seq}"
-                records.append((steps_subject(self.node_id), msg_id, batch_of(self.node_id, run), len(run)))
-            run.clear()
-            run_bytes = 0
-
-        for e in events:
-            payload = e.to_json()
-            if len(payload) > limit - BATCH_OVERHEAD:
-                self.cut_total += 1
-                log.warning(
-                    "events: %s event of %s is %d bytes; cut to fit %d", e.type, e.session or "the node", len(payload), limit
-                )
-                payload = orjson.dumps(e.fitted(len(payload), limit - BATCH_OVERHEAD).to_dict())
-            if e.type == STEP and e.session and self.step_batch > 1:
-                if run and run_bytes + len(payload) + BATCH_OVERHEAD > limit:
-                    flush()
-                run.append(payload)
-                run_bytes += len(payload) + 1
-                if len(run) >= self.step_batch:
-                    flush()
-            else:
-                flush()
-                records.append((e.subject, e.msg_id, payload, 1))
-        flush()
-        return records
-
-    async def _publish(self, records: list[tuple[str, str, bytes, int]]) -> bool:
+    async def _publish(self, records: list[Record]) -> bool:
         """Publish records and wait for every acknowledgement; False if any is missing.
 
         JetStream acknowledges a message by answering its reply subject. Instead of a future per
@@ -447,7 +393,7 @@ class EventPublisher:
         self.published_total += sum(r[3] for r in records)
         return True
 
-    async def _dead_letter_refused(self, records: list[tuple[str, str, bytes, int]]) -> bool:
+    async def _dead_letter_refused(self, records: list[Record]) -> bool:
         """After NATS refused a batch for its content (not for an outage): send its messages one by
         one, each refused one again cut to the server's limit (it may be lower than when the
         message was made), and keep what still cannot go apart (dead letters: counted, stored,
@@ -462,7 +408,7 @@ class EventPublisher:
             if not self._refused:
                 return False
             reason = self._refused
-            refit = self._refit(record)
+            refit = self.encoder.refit(record)
             self._refused = ""
             if refit and await self._publish(refit):
                 continue
@@ -475,37 +421,6 @@ class EventPublisher:
             self._queue.appendleft(self._node_event(ALERT, {"kind": "dead_letter", **facts}))
         self._refused = ""
         return True
-
-    def _refit(self, record: tuple[str, str, bytes, int]) -> list[tuple[str, str, bytes, int]]:
-        """A refused message as messages within today's limit (same ids, so replays dedup); [] if
-        it is not ours to read."""
-        subject, msg_id, payload, _ = record
-        try:
-            docs, was_batch = decode_all(payload)
-        except ValueError:
-            return []
-        limit = self.event_limit - BATCH_OVERHEAD
-        encoded = []
-        for doc in docs:
-            one = orjson.dumps(doc)
-            if len(one) > limit:
-                self.cut_total += 1
-                one = orjson.dumps(Event.from_dict(doc).fitted(len(one), limit).to_dict())
-            encoded.append(one)
-        if not was_batch:
-            return [(subject, msg_id, encoded[0], 1)]
-        out: list[tuple[str, str, bytes, int]] = []
-        part: list[bytes] = []
-        size = 0
-        for one in encoded:
-            if part and size + len(one) + BATCH_OVERHEAD > self.event_limit:
-                out.append((subject, f"{msg_id}.{len(out)}", batch_of(self.node_id, part), len(part)))
-                part, size = [], 0
-            part.append(one)
-            size += len(one) + 1
-        if part:
-            out.append((subject, f"{msg_id}.{len(out)}", batch_of(self.node_id, part), len(part)))
-        return out
 
     async def _on_ack(self, msg: Msg) -> None:
         batch_no = int(msg.subject.rsplit(".", 2)[-2])
@@ -530,7 +445,7 @@ class EventPublisher:
     async def _to_outbox(self, events: list[Event]) -> None:
         if not events:
             return
-        records = self._records(events)
+        records = self.encoder.records(events)
         try:
             taken = await asyncio.to_thread(self.outbox.append, records)
         finally:
