@@ -338,9 +338,7 @@ async def test_stopping_mid_publish_keeps_the_batch_in_the_outbox(nats_server: N
     outbox = tmp_path / "outbox.sqlite3"
 
     def publisher() -> EventPublisher:
-        return EventPublisher(
-            "n1", "i1", nats_url=nats_server.url, outbox_path=outbox, outbox_max_bytes=1 << 20, heartbeat_interval=0
-        )
+        return EventPublisher("n1", "i1", nats_url=nats_server.url, outbox_path=outbox, outbox_max_bytes=1 << 20)
 
     first = publisher()
     await first.start()
@@ -436,9 +434,7 @@ async def test_no_event_can_block_the_others(tmp_path: Path) -> None:
     big = Event("created", "n1", "old", 1, {"blob": "x" * 300_000})
     stale.append([(big.subject, big.msg_id, b"not an event " * 30_000, 1)])
     stale.close()
-    publisher = EventPublisher(
-        "n1", "i1", nats_url=server.url, outbox_path=outbox_path, outbox_max_bytes=16 << 20, heartbeat_interval=0
-    )
+    publisher = EventPublisher("n1", "i1", nats_url=server.url, outbox_path=outbox_path, outbox_max_bytes=16 << 20)
     try:
         nc = await nats.connect(server.url)
         js = nc.jetstream()

@@ -14,7 +14,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, AsyncSession, NotFoundError, SandboxAbortedError
 from rlsandbox.daemon.config import PoolConfig
-from rlsandbox.daemon.runtime.docker import KEPT_CAPABILITIES, LABEL_SESSION
+from rlsandbox.daemon.runtime.container import KEPT_CAPABILITIES
+from rlsandbox.daemon.runtime.docker import LABEL_SESSION
 from rlsandbox.daemon.server import NodeDaemon
 
 # linux/capability.h

@@ -36,7 +36,7 @@ async def _images_list(args: argparse.Namespace) -> int:
     async with DockerRuntime(owner="images", socket_path=args.docker_socket) as runtime:
         print(f"{'name':<14} {'kind':<11} {'tag':<32} inputs")
         for name, spec in specs.items():
-            labels = await runtime.image_labels(spec.tag)
+            labels = await runtime.images.labels(spec.tag)
             state = "missing" if labels is None else labels.get(LABEL_INPUT_HASH, "?")[:12]
             print(f"{name:<14} {spec.kind:<11} {spec.tag:<32} {state}")
     return 0

@@ -87,7 +87,7 @@ async def ensure_images(config: DaemonConfig, socket_path: str) -> None:
         builder = ImageBuilder(runtime, default_images_dir(), progress=lambda line: print(line, flush=True))
         by_tag = {spec.tag: name for name, spec in builder.specs.items()}
         wanted = sorted({by_tag[p.image] for p in config.pools if p.image in by_tag})
-        missing = [p.image for p in config.pools if p.image not in by_tag and await runtime.image_labels(p.image) is None]
+        missing = [p.image for p in config.pools if p.image not in by_tag and await runtime.images.labels(p.image) is None]
         if missing:
             raise FailedPrecondition(f"pool images not found and not in sandbox_images/images.toml: {missing}")
         if wanted:

@@ -27,6 +27,7 @@ from rlsandbox.daemon.api.servicer import SandboxServicer
 from rlsandbox.daemon.background import Background
 from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.errors import SandboxError, Unavailable
+from rlsandbox.daemon.events.model import HEARTBEAT
 from rlsandbox.daemon.events.publisher import EventPublisher
 from rlsandbox.daemon.grading.grader import Grader
 from rlsandbox.daemon.journal import SessionJournal
@@ -77,8 +78,6 @@ class NodeDaemon:
                 outbox_path=config.events_outbox,
                 outbox_max_bytes=config.events_outbox_max_bytes,
                 publish_timeout=config.events_publish_timeout,
-                heartbeat_interval=config.heartbeat_interval,
-                heartbeat=lambda: self.status().heartbeat(),
                 step_batch=config.events_step_batch,
                 auth=config.nats_auth(),
             )
@@ -191,6 +190,8 @@ class NodeDaemon:
             self.background.spawn(self.sessions.run_reaper(), "session-reaper")
             self.background.spawn(self.reconciler.run(), "reconciler")
             self.background.spawn(self._watch_health(), "health")
+            if self.events is not None and self.config.heartbeat_interval > 0:
+                self.background.spawn(self._heartbeats(self.events), "heartbeat")
             await self._set_health(True)
             undo.pop_all()  # started: from here on, stop() undoes it all
         log.info("node serving on %s (%d pools)", self.address, len(self.pools), extra={"node": self.config.node_id})
@@ -236,6 +237,14 @@ class NodeDaemon:
         self.crashed = f"background task {name} crashed: {type(error).__name__}: {error}"
         if self._stopping is None:
             self._stopping = asyncio.get_running_loop().create_task(self._stop(None))
+
+    async def _heartbeats(self, events: EventPublisher) -> None:
+        """A ``heartbeat`` node event every ``heartbeat_interval``: the node's status (docs/events.md)."""
+        interval = self.config.heartbeat_interval
+        while True:
+            started = time.monotonic()
+            events.emit_node(HEARTBEAT, self.status().heartbeat())
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     async def _set_health(self, ok: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING

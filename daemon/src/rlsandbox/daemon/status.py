@@ -60,4 +60,11 @@ class NodeStatus:
             "sessions_adopted": self.sessions_adopted,
             "sessions_lost": self.sessions_lost,
             "events_unconfirmed": self.events_unconfirmed,
+            "events": {
+                "published_total": self.events.published_total,
+                "outbox_events": self.events.outbox_events,
+                "dropped_total": self.events.dropped_total,
+            }
+            if self.events is not None
+            else None,
         }

@@ -82,9 +82,7 @@ async def _aggregator(url: str, db: Path) -> asyncio.subprocess.Process:
 async def end_to_end(server: NatsServer, tmp: Path, count: int) -> dict[str, Any]:
     db = tmp / "agg.sqlite3"
     agg = await _aggregator(server.url, db)
-    publisher = EventPublisher(
-        "bench", "i1", nats_url=server.url, outbox_path=tmp / "outbox.sqlite3", outbox_max_bytes=1 << 30, heartbeat_interval=0
-    )
+    publisher = EventPublisher("bench", "i1", nats_url=server.url, outbox_path=tmp / "outbox.sqlite3", outbox_max_bytes=1 << 30)
     await publisher.start()
     try:
         while not publisher.stats().connected:

@@ -18,7 +18,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,6 @@ from rlsandbox.daemon.events.encoding import MAX_MESSAGE_BYTES, Encoder, Record
 from rlsandbox.daemon.events.model import (
     ALERT,
     DUPLICATE_WINDOW,
-    HEARTBEAT,
     STREAM,
     STREAM_SUBJECTS,
     Event,
@@ -97,8 +95,6 @@ class EventPublisher:
         nats_url: the NATS server(s), comma-separated.
         outbox_path, outbox_max_bytes: the durable outbox.
         publish_timeout: seconds for a batch's acknowledgements before it goes to the outbox.
-        heartbeat_interval: seconds between node heartbeats (0: none).
-        heartbeat: returns the heartbeat's data (capacity, pools, load, version).
         linger: seconds a non-full batch waits for more events before it is published.
         step_batch: step events per batch message (1: every step on its own session subject).
         auth: credentials for NATS (see :mod:`rlsandbox.daemon.events.connection`).
@@ -113,8 +109,6 @@ class EventPublisher:
         outbox_path: str | Path,
         outbox_max_bytes: int,
         publish_timeout: float = 5.0,
-        heartbeat_interval: float = 5.0,
-        heartbeat: Callable[[], dict[str, Any]] | None = None,
         stream: str = STREAM,
         linger: float = 0.02,
         step_batch: int = 256,
@@ -127,8 +121,6 @@ class EventPublisher:
         self.instance = instance
         self.nats_url = nats_url
         self.publish_timeout = publish_timeout
-        self.heartbeat_interval = heartbeat_interval
-        self.heartbeat = heartbeat
         # Told about every batch of events once it is durable: acknowledged by JetStream, or in
         # the outbox (or counted as dropped by a full outbox). The session manager uses it to
         # answer a call only once that call's events cannot be lost.
@@ -182,8 +174,6 @@ class EventPublisher:
         await self.open()
         self._tasks = [asyncio.create_task(self._connect_loop(), name="events-connect")]
         self._tasks.append(asyncio.create_task(self._publish_loop(), name="events-publish"))
-        if self.heartbeat_interval > 0 and self.heartbeat is not None:
-            self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="events-heartbeat"))
 
     async def stop(self, drain_timeout: float = 10.0) -> None:
         """Publish what is queued (up to ``drain_timeout``), keep the rest in the outbox, close."""
@@ -461,23 +451,6 @@ class EventPublisher:
                 )
             self.dropped_total += lost
             self._dropped_unreported += lost
-
-    async def _heartbeat_loop(self) -> None:
-        assert self.heartbeat is not None
-        while True:
-            started = time.monotonic()
-            try:
-                data = self.heartbeat()
-                s = self.stats()
-                data["events"] = {
-                    "published_total": s.published_total,
-                    "outbox_events": s.outbox_events,
-                    "dropped_total": s.dropped_total,
-                }
-                self.emit_node(HEARTBEAT, data)
-            except Exception:
-                log.exception("events: heartbeat failed")
-            await asyncio.sleep(max(0.0, self.heartbeat_interval - (time.monotonic() - started)))
 
 
 def _content_refusal(description: str) -> bool:

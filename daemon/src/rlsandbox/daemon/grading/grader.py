@@ -21,7 +21,6 @@ import shlex
 import tarfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from rlsandbox.daemon.errors import FailedPrecondition, FileTooLarge, SandboxError
 from rlsandbox.daemon.grading.guard import GUARD_SOURCE, PYTEST_FORMATS, guard_setup, read_guard_log, split_records
@@ -38,10 +37,10 @@ from rlsandbox.daemon.grading.rewards import (
     grade_tests,
     parse_command_reward,
 )
-from rlsandbox.daemon.grading.scan import scan
-from rlsandbox.daemon.grading.shadowing import PROBE, ImportFacts, Shadowing, command_paths, interpreters
+from rlsandbox.daemon.grading.room import AgentsMess, TaskSetupFailed, file_data, plan_room
+from rlsandbox.daemon.grading.shadowing import PROBE, ImportFacts, interpreters
 from rlsandbox.daemon.grading.task import Task
-from rlsandbox.daemon.grading.workspace import Changes, Entry, Snapshot, changes_tar, plan, snapshot_from_archive
+from rlsandbox.daemon.grading.workspace import changes_tar, snapshot_from_archive
 from rlsandbox.daemon.model import ExecRequest, ExecResult, FileWrite, MiB
 from rlsandbox.daemon.pool import WarmPool
 from rlsandbox.daemon.runtime.docker import DockerRuntime
@@ -61,10 +60,6 @@ GRADE_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
 # Runners whose exit code is non-zero exactly when a test failed: a report without failures from
 # such a run was written by someone else.
 EXIT_CHECKED_FORMATS = frozenset({"pytest", "junit", "pytest-junit", "unittest", "tap", "jest", "vitest", "go"})
-
-
-class TaskSetupFailed(FailedPrecondition):
-    """The task's workspace or setup commands failed in a fresh sandbox: the task is broken."""
 
 
 class Grader:
@@ -177,7 +172,7 @@ class Grader:
                 ) from None
             try:
                 # Parsing, diffing, scanning and packing workspaces is CPU work: off the event loop.
-                planned = await asyncio.to_thread(self._plan_room, task, facts, base_archive, agent_archive)
+                planned = await asyncio.to_thread(plan_room, task, facts, base_archive, agent_archive)
             except AgentsMess as e:
                 result = _agents_mess(e.message)
                 result.tampering = e.discarded
@@ -197,63 +192,6 @@ class Grader:
             return result
         finally:
             await pool.release(room, "clean room done")
-
-    def _plan_room(self, task: Task, facts: ImportFacts | None, base_archive: bytes, agent_archive: bytes) -> _Planned:
-        """What the clean room gets (pure; runs in a worker thread). Raises AgentsMess for what the
-        agent's workspace makes impossible, TaskSetupFailed for a broken task."""
-        ev = task.spec.evaluation
-        ws = task.spec.workspace.path
-        base = snapshot_from_archive(base_archive)  # the engine's archive of a fresh sandbox: a failure is infra
-        try:
-            mine = snapshot_from_archive(agent_archive)
-        except (tarfile.TarError, OSError, ValueError) as e:
-            raise AgentsMess(f"the grader cannot read the agent's workspace ({e}), though it reads the task's") from None
-        imports, execs = command_paths(ev.test_command, ev.env, ws)
-        shadow = Shadowing(facts.reserved if facts else frozenset(), frozenset(imports), frozenset(execs))
-        patch_targets = patch_paths(ev.test_patch.encode()) if ev.test_patch else []
-        hidden_paths = [*ev.hidden_tests, *patch_targets]
-        changes = plan(base, mine, protected=ev.protected, test_files=ev.test_files, hidden=hidden_paths, shadow=shadow)
-        findings = [f for p, e in changes.writes.items() if e.type == "file" for f in scan(p, _data(base, p), e.data)]
-        if ev.test_patch:
-            try:
-                self._apply_test_patch(ev.test_patch.encode(), base, changes)
-            except AgentsMess as e:
-                e.discarded = changes.discarded
-                raise
-        hidden = {p: c.encode() for p, c in ev.hidden_tests.items()}
-        tar = changes_tar(changes.writes, hidden) if changes.writes or hidden else b""
-        return _Planned(changes, mine, patch_targets, findings, tar)
-
-    def _apply_test_patch(self, patch: bytes, base: Snapshot, changes: Changes) -> None:
-        """Apply the task's test patch, with the grader's own code, over the planned changes.
-
-        Raises:
-            TaskSetupFailed: it does not apply to the task's base workspace (the task is broken).
-            AgentsMess: it applies to the base but not over the agent's changes.
-        """
-        try:
-            paths = patch_paths(patch)
-            apply_patch(patch, {p: _data(base, p) for p in paths})
-        except PatchError as e:
-            raise TaskSetupFailed(f"the test patch does not apply to the task's base workspace: {e}") from None
-        current: dict[str, bytes | None] = {}
-        for p in paths:
-            entry = changes.writes.get(p)
-            current[p] = entry.data if entry is not None and entry.type == "file" else _data(base, p)
-            if p in changes.deletes and entry is None:
-                current[p] = None
-        try:
-            patched = apply_patch(patch, current)
-        except PatchError as e:
-            raise AgentsMess(f"the test patch no longer applies over the agent's changes: {e}") from None
-        for p, (data, mode) in patched.items():
-            if data is None:
-                changes.writes.pop(p, None)
-                if p not in changes.deletes and p in base.entries:
-                    changes.deletes.append(p)
-                continue
-            old = changes.writes.get(p) or base.entries.get(p)
-            changes.writes[p] = Entry("file", mode if mode is not None else (old.mode if old else 0o644), data)
 
     async def _probe(self, room: Sandbox, task: Task) -> ImportFacts | None:
         """What the clean room's interpreters resolve outside the workspace, before any agent file is there.
@@ -298,7 +236,9 @@ class Grader:
         if ev.test_patch:
             mine = snapshot_from_archive(await self._archive(agent, ws))
             try:
-                patched = apply_patch(ev.test_patch.encode(), {p: _data(mine, p) for p in patch_paths(ev.test_patch.encode())})
+                patched = apply_patch(
+                    ev.test_patch.encode(), {p: file_data(mine, p) for p in patch_paths(ev.test_patch.encode())}
+                )
             except PatchError as e:
                 return GradeResult(GradeStatus.INVALID_TASK, None, f"the test patch does not apply: {e}")
             files.update({p: d for p, (d, _) in patched.items() if d is not None})
@@ -441,31 +381,8 @@ class Grader:
             return b""
 
 
-class AgentsMess(Exception):
-    """The agent's workspace broke a limit of grading: reward the policy's minimum, never no reward."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.discarded: list[str] = []
-
-
-@dataclass(frozen=True, slots=True)
-class _Planned:
-    changes: Changes
-    mine: Snapshot
-    patch_targets: list[str]
-    findings: list[str]
-    tar: bytes
-
-
 def _agents_mess(why: str) -> GradeResult:
     return GradeResult(GradeStatus.OK, 0.0, f"reward 0: {why}", limits=[why])
-
-
-def _data(snapshot: Snapshot, path: str) -> bytes | None:
-    entry = snapshot.entries.get(path)
-    return entry.data if entry is not None and entry.type == "file" else None
 
 
 def _disagreements(output: TestReport, guard: TestReport) -> list[str]:

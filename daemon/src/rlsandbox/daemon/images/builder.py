@@ -183,7 +183,7 @@ class ImageBuilder:
             digest = input_hash(name, spec, self.images_dir, hashes.get(spec.base) if spec.base else None)
             hashes[name] = digest
             started = time.monotonic()
-            labels = await self.runtime.image_labels(spec.tag)
+            labels = await self.runtime.images.labels(spec.tag)
             if not force and labels is not None and labels.get(LABEL_INPUT_HASH) == digest:
                 self.progress(f"{name}: up to date ({spec.tag}, inputs {digest[:12]})")
                 outcomes.append(BuildOutcome(name, spec.tag, digest, False, time.monotonic() - started))
@@ -209,7 +209,7 @@ class ImageBuilder:
             base_tag = self.specs[spec.base].tag
             # The base is passed as a build arg through the Dockerfile's ARG BASE.
             tag_params = {LABEL_INPUT_HASH: digest, LABEL_IMAGE_NAME: name}
-            await self.runtime.build_image(context, tag=spec.tag, labels=tag_params, buildargs={"BASE": base_tag})
+            await self.runtime.images.build(context, tag=spec.tag, labels=tag_params, buildargs={"BASE": base_tag})
             return
         with tempfile.TemporaryDirectory(prefix=f"rlsandbox-image-{name}-") as tmp:
             rootfs = Path(tmp) / "rootfs.tar"
@@ -217,7 +217,7 @@ class ImageBuilder:
                 await asyncio.to_thread(_busybox_rootfs, rootfs)
             else:
                 await self._mmdebstrap(spec, rootfs)
-            await self.runtime.import_rootfs(rootfs, tag=spec.tag, changes=changes)
+            await self.runtime.images.import_rootfs(rootfs, tag=spec.tag, changes=changes)
 
     async def _mmdebstrap(self, spec: ImageSpec, target: Path) -> None:
         if shutil.which("mmdebstrap") is None:

@@ -16,8 +16,8 @@ from rlsandbox.daemon.errors import SandboxDied, SandboxError
 from rlsandbox.daemon.journal import JournalEntry
 from rlsandbox.daemon.model import AgentMode, ExecRequest
 from rlsandbox.daemon.pool.spec import PoolSpec
+from rlsandbox.daemon.runtime.container import AGENT_SOCKET, container_config
 from rlsandbox.daemon.runtime.docker import (
-    AGENT_SOCKET,
     LABEL_CREATED,
     LABEL_INSTANCE,
     LABEL_MANAGED,
@@ -100,7 +100,7 @@ class SandboxFactory:
                 socket_dir = self.socket_root / name
                 prepare_folder(socket_dir)
                 listener = await AgentListener.open(socket_dir / AGENT_SOCKET)  # before the agent dials
-            config = self.runtime.container_config(
+            config = container_config(
                 cspec,
                 labels=self.labels(spec.name, session),
                 use_agent=use_agent,

@@ -32,8 +32,7 @@ from rlsandbox.daemon.errors import (
     FileTooLarge,
     ImageNotFound,
 )
-from rlsandbox.daemon.model import ContainerSpec
-from yarl import URL
+from rlsandbox.daemon.runtime.images import EngineImages
 
 log = logging.getLogger(__name__)
 
@@ -43,16 +42,8 @@ LABEL_INSTANCE = "rlsandbox.instance"
 LABEL_POOL = "rlsandbox.pool"
 LABEL_SESSION = "rlsandbox.session"
 LABEL_CREATED = "rlsandbox.created"
-
-AGENT_MOUNT = "/.rlsandbox/agent.py"
-SOCKET_MOUNT = "/.rlsandbox/sock"
-AGENT_SOCKET = "agent.sock"
 DEFAULT_SOCKET = "/var/run/docker.sock"
-# Capabilities a sandbox keeps: enough for package managers and file ownership inside the
-# container, nothing that reaches the host (no NET_RAW, SYS_*, MKNOD, AUDIT_WRITE, SETFCAP).
-# No .pyc files: an agent that edits a module twice within one second (same size) would otherwise
-# run stale bytecode, since pyc invalidation compares whole-second mtimes and sizes.
-SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
+
 # Engine API execs (the fallback for images without python3) running at once. Each one is a
 # `runc exec` on the host: 2,000 at once (2,000 busybox sessions each asked one command) thrashed
 # two cores so that almost none finished within its timeout (measured: 19 of 2,000 within 35 s),
@@ -60,9 +51,6 @@ SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
 EXEC_CONCURRENCY = 32
 # aiodocker reports a connection it could not make (engine stopped, socket gone) as this status.
 AIODOCKER_CONNECT_FAILED = 900
-READ_ONLY_WORKSPACE_MB = 2048  # the workdir volume of a read-only-root pool without workspace_mb
-READ_ONLY_TMP_MB = 512
-KEPT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +113,7 @@ class DockerRuntime:
         self._docker: aiodocker.Docker | None = None
         self._connector: aiohttp.UnixConnector | None = None
         self._python_images: dict[tuple[str, str], bool] = {}
+        self.images = EngineImages(self)
 
     async def __aenter__(self) -> DockerRuntime:
         await self.start()
@@ -180,76 +169,6 @@ class DockerRuntime:
             return dict(await self.docker.version())
 
     # -- containers -----------------------------------------------------------------------------
-    def container_config(
-        self,
-        spec: ContainerSpec,
-        *,
-        labels: Mapping[str, str],
-        use_agent: bool,
-        agent_path: Path | None,
-        socket_dir: Path | None = None,
-    ) -> dict[str, Any]:
-        lim = spec.limits
-        host: dict[str, Any] = {
-            "Memory": lim.memory_bytes,
-            "MemorySwap": lim.memory_bytes,  # no swap on top: an OOM is an OOM
-            "NanoCpus": int(lim.cpus * 1e9),
-            "PidsLimit": lim.pids,
-            "Ulimits": [{"Name": "nofile", "Soft": lim.nofile, "Hard": lim.nofile}],
-            "NetworkMode": "bridge" if spec.network else "none",
-            "SecurityOpt": ["no-new-privileges:true"],
-            "CapDrop": ["ALL"],
-            "CapAdd": list(KEPT_CAPABILITIES),
-            "Runtime": spec.runtime,
-            "ReadonlyRootfs": spec.read_only_root,
-            "AutoRemove": False,
-        }
-        workspace_mb = spec.workspace_mb or (READ_ONLY_WORKSPACE_MB if spec.read_only_root else 0)
-        if workspace_mb:
-            # A tmpfs-backed anonymous volume, not a plain tmpfs mount: the Engine's archive API
-            # (task workspaces in, the grader's snapshots out) sees volumes but not tmpfs mounts.
-            # Writes past the size fail with ENOSPC inside the sandbox; the pages count against
-            # the sandbox's memory limit. Removed with the container (remove(v=True)).
-            tmpfs = {"type": "tmpfs", "device": "tmpfs", "o": f"size={workspace_mb}m"}
-            volume = {"DriverConfig": {"Name": "local", "Options": tmpfs}}
-            host["Mounts"] = [{"Type": "volume", "Target": spec.workdir, "VolumeOptions": volume}]
-        if spec.read_only_root:
-            host["Tmpfs"] = {"/tmp": f"rw,exec,size={READ_ONLY_TMP_MB}m"}
-        config: dict[str, Any] = {
-            "Image": spec.image,
-            "Labels": dict(labels),
-            "Env": [f"{k}={v}" for k, v in {**SANDBOX_ENV, **spec.env}.items()],
-            "WorkingDir": spec.workdir,
-            "NetworkDisabled": not spec.network,
-            "HostConfig": host,
-            "StopSignal": "SIGKILL",
-        }
-        if use_agent:
-            assert agent_path is not None
-            host["Binds"] = [f"{agent_path}:{AGENT_MOUNT}:ro"]
-            if socket_dir is not None:
-                # The agent dials the daemon's unix socket in a host folder that the sandbox sees
-                # read-only (nothing it does lands on the host): no stdin, no attach.
-                host["Binds"].append(f"{socket_dir}:{SOCKET_MOUNT}:ro")
-                config.update(Cmd=["python3", "-u", AGENT_MOUNT, "--connect", f"{SOCKET_MOUNT}/{AGENT_SOCKET}"], Entrypoint=[])
-            else:
-                config.update(
-                    Cmd=["python3", "-u", AGENT_MOUNT],
-                    Entrypoint=[],
-                    OpenStdin=True,
-                    StdinOnce=False,
-                    AttachStdin=True,
-                    AttachStdout=True,
-                    AttachStderr=True,
-                    Tty=False,
-                )
-        else:
-            # No agent: an init (docker-init) reaps zombies and a sleep keeps the sandbox alive
-            # for Engine API execs.
-            host["Init"] = True
-            config.update(Cmd=["sleep", "2147483647"], Entrypoint=[])
-        return config
-
     async def create_and_start(self, config: Mapping[str, Any], *, name: str, timeout: float | None = None) -> str:
         """Create and start a container; on a failed start the container is removed again."""
         async with self._call("container create", timeout, name=name):
@@ -483,79 +402,3 @@ class DockerRuntime:
         if not header:
             return None
         return dict(json.loads(base64.b64decode(header)))
-
-    # -- images ---------------------------------------------------------------------------------
-    async def image_labels(self, image: str) -> dict[str, str] | None:
-        """The image's labels, or None when the image does not exist."""
-        try:
-            async with self._call("image inspect", 30):
-                info = await self.docker.images.inspect(image)
-        except (ImageNotFound, ContainerNotFound):
-            return None
-        return dict((info.get("Config") or {}).get("Labels") or {})
-
-    async def import_rootfs(self, tar_path: Path, *, tag: str, changes: Sequence[str], timeout: float = 600) -> None:
-        """``docker import`` of a root filesystem tarball, streamed from disk."""
-        url = URL("images/create").with_query([("fromSrc", "-"), ("repo", tag)] + [("changes", c) for c in changes])
-
-        async def chunks() -> AsyncIterator[bytes]:
-            with open(tar_path, "rb") as f:  # noqa: ASYNC230 - a CLI-time build step, not a hot path
-                while data := f.read(1 << 20):
-                    yield data
-
-        async with (
-            self._call("image import", timeout),
-            self.docker._query(
-                url,
-                method="POST",
-                data=chunks(),
-                headers={"content-type": "application/x-tar"},
-            ) as resp,
-        ):
-            await _raise_on_stream_error(resp, "image import")
-
-    async def build_image(
-        self,
-        context_tar: bytes,
-        *,
-        tag: str,
-        labels: Mapping[str, str],
-        buildargs: Mapping[str, str] | None = None,
-        timeout: float = 1200,
-    ) -> list[str]:
-        """Build a Dockerfile context (a tar) with the engine's builder; returns the build log."""
-        params = {
-            "t": tag,
-            "labels": json.dumps(dict(labels)),
-            "buildargs": json.dumps(dict(buildargs or {})),
-            "rm": "1",
-            "forcerm": "1",
-            "pull": "0",
-        }
-        async with (
-            self._call("image build", timeout),
-            self.docker._query(
-                "build",
-                method="POST",
-                params=params,
-                data=io.BytesIO(context_tar),
-                headers={"content-type": "application/x-tar"},
-            ) as resp,
-        ):
-            return await _raise_on_stream_error(resp, "image build")
-
-
-async def _raise_on_stream_error(resp: aiohttp.ClientResponse, what: str) -> list[str]:
-    lines: list[str] = []
-    async for raw in resp.content:
-        if not raw.strip():
-            continue
-        try:
-            item = json.loads(raw)
-        except ValueError:
-            continue
-        if "error" in item:
-            raise DockerError(f"{what} failed: {item['error']}\n" + "".join(lines[-20:]))
-        if "stream" in item:
-            lines.append(item["stream"])
-    return lines
