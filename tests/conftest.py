@@ -43,9 +43,11 @@ async def docker_runtime() -> AsyncIterator[DockerRuntime]:
     try:
         yield runtime
     finally:
-        leftovers = await runtime.list_containers({LABEL_MANAGED: "1", LABEL_OWNER: TEST_OWNER})
-        for c in leftovers:
-            await runtime.remove(c.id)
+        # Owners of this run: TEST_OWNER and the nodes tests name after it (TEST_OWNER-crash, ...).
+        managed = await runtime.list_containers({LABEL_MANAGED: "1"})
+        for c in managed:
+            if c.labels.get(LABEL_OWNER, "").startswith(TEST_OWNER):
+                await runtime.remove(c.id)
         await runtime.close()
 
 
