@@ -72,6 +72,7 @@ class FakePool:
         self.run = run
         self.leased: list[Sandbox] = []
         self.released: list[tuple[str, str]] = []  # (sandbox name, reason)
+        self.reused: list[bool] = []  # per release: whether the pool may recycle it
         self.gate: asyncio.Event | None = None  # when set: acquire waits for it
         self.fail_acquire: Exception | None = None
         self.death = ("OOM-killed at its memory limit", True)
@@ -95,9 +96,10 @@ class FakePool:
         self.leased.append(sandbox)
         return sandbox
 
-    async def release(self, sandbox: Sandbox, reason: str = "released") -> None:
+    def release(self, sandbox: Sandbox, reason: str = "released", *, reuse: bool = False) -> None:
         self.leased.remove(sandbox)
         self.released.append((sandbox.name, reason))
+        self.reused.append(reuse)
 
     async def adopt(self, entry: JournalEntry, state: str | None) -> Sandbox:
         if entry.container not in self.adoptable:

@@ -51,7 +51,8 @@ async def test_hundred_concurrent_acquires_with_min_ready_twenty(
         assert pool.stats().in_use == 100
         outputs = await asyncio.gather(*(s.exec(ExecRequest(argv=("echo", s.name))) for s in sandboxes))
         assert [o.stdout for o in outputs] == [f"{s.name}\n".encode() for s in sandboxes]
-        await asyncio.gather(*(pool.release(s) for s in sandboxes))
+        for s in sandboxes:
+            pool.release(s)
         # Refill brings the pool back to min_ready with fresh sandboxes.
         await wait_for(lambda: pool.stats().ready == 20, 60)
         stats = pool.stats()
@@ -66,7 +67,7 @@ async def test_released_sandbox_is_destroyed_never_reused(
     async with running(WarmPool(spec, factory, limiter=CreateLimiter(2))) as pool:
         first = await pool.acquire(timeout=60)
         await first.exec(ExecRequest(shell="echo dirty > /tmp/state"))
-        await pool.release(first)
+        pool.release(first)
         assert await docker_runtime.list_containers({"rlsandbox.pool": "noreuse", LABEL_OWNER: docker_runtime.owner})
         ids = {c.id for c in await docker_runtime.list_containers({"rlsandbox.pool": "noreuse"})}
         assert first.container_id not in ids, "released sandbox still exists"
@@ -74,7 +75,7 @@ async def test_released_sandbox_is_destroyed_never_reused(
         assert second.container_id != first.container_id
         r = await second.exec(ExecRequest(shell="cat /tmp/state"))
         assert r.exit_code != 0, "state of a released sandbox leaked into the next one"
-        await pool.release(second)
+        pool.release(second)
 
 
 async def test_acquire_deadline_and_bounded_waiters(
@@ -92,10 +93,10 @@ async def test_acquire_deadline_and_bounded_waiters(
         await asyncio.sleep(0.05)
         with pytest.raises(ResourceExhausted, match="already waiting"):
             await pool.acquire(timeout=5)
-        await pool.release(held)
+        pool.release(held)
         got = await asyncio.wait_for(waiters[0], 60)
-        await pool.release(got)
-        await pool.release(await asyncio.wait_for(waiters[1], 60))
+        pool.release(got)
+        pool.release(await asyncio.wait_for(waiters[1], 60))
     with pytest.raises(Unavailable, match="shutting down"):
         await pool.acquire(timeout=1)
 
@@ -151,7 +152,7 @@ async def test_dead_ready_sandbox_is_not_handed_out(
         got = await pool.acquire(timeout=60)
         assert got.container_id != victim.container_id
         assert (await got.exec(ExecRequest(argv=("true",)))).exit_code == 0
-        await pool.release(got)
+        pool.release(got)
 
 
 async def test_orphans_of_a_dead_owner_are_removed(docker_runtime: DockerRuntime, images: dict[str, str]) -> None:

@@ -36,7 +36,7 @@ async def test_create_exec_close_and_the_tombstone() -> None:
     sent = pool.leased[0].channel.execs[0]  # type: ignore[attr-defined]
     assert sent.env == {"A": "1"} and s.steps == 1 and m.execs_total == 1
     assert await m.close(s.id, "done here")
-    assert pool.released == [("default-1", "done here")]
+    assert pool.released == [("default-1", "done here")] and pool.reused == [True]  # a clean end: may be recycled
     assert not await m.close(s.id)  # a second close: already ended
     with pytest.raises(NotFound, match="ended 0 s ago: done here"):
         m.get(s.id)
@@ -153,7 +153,7 @@ async def test_a_sandbox_dying_under_a_step_ends_its_session_with_the_engines_re
     with pytest.raises(SandboxDied, match="OOM-killed at its memory limit; start a new session"):
         await m.exec(s.id, shell("true"), seq=1)
     assert s.state is SessionState.FAILED and not m.sessions
-    assert pool.released == [("default-1", "sandbox died: OOM-killed at its memory limit")]
+    assert pool.released == [("default-1", "sandbox died: OOM-killed at its memory limit")] and pool.reused == [False]
     with pytest.raises(NotFound, match="sandbox died: OOM-killed"):
         m.get(s.id)
 

@@ -20,6 +20,7 @@ from rlsandbox.daemon.model import AgentMode, ContainerSpec, Limits
 from rlsandbox.daemon.pool import PoolSpec
 
 MiB = 1 << 20
+SANDBOX_USER = "1000:1000"  # the episode's commands in a recycling pool (the agent stays root)
 
 
 class PoolConfig(BaseModel):
@@ -42,6 +43,25 @@ class PoolConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     setup: list[str] = Field(default_factory=list)
     setup_timeout: float = Field(120.0, gt=0)
+    recycle: bool = False
+    max_reuses: int = Field(50, ge=1, le=100_000)
+
+    @model_validator(mode="after")
+    def _recyclable(self) -> PoolConfig:
+        if self.recycle:
+            missing = [
+                why
+                for why, broken in (
+                    ("read_only_root = true (every writable place must be one the reset wipes)", not self.read_only_root),
+                    ("network = false (nothing outside the sandbox may keep state for it)", self.network),
+                    ("an agent (agent = exec cannot reset a sandbox)", self.agent == "exec"),
+                    ("runtime = runc (the reset is proven for runc sandboxes)", self.runtime != "runc"),
+                )
+                if broken
+            ]
+            if missing:
+                raise ValueError(f"pool {self.name}: recycle = true needs " + "; ".join(missing))
+        return self
 
     def spec(self) -> PoolSpec:
         return PoolSpec(
@@ -56,11 +76,14 @@ class PoolConfig(BaseModel):
                 agent=AgentMode(self.agent),
                 read_only_root=self.read_only_root,
                 workspace_mb=self.workspace_mb,
+                run_as=SANDBOX_USER if self.recycle else "",
             ),
             min_ready=self.min_ready,
             max_total=self.max_total,
             setup=tuple(self.setup),
             setup_timeout=self.setup_timeout,
+            recycle=self.recycle,
+            max_reuses=self.max_reuses,
         )
 
 

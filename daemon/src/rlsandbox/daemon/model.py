@@ -41,6 +41,7 @@ class ContainerSpec:
     agent: AgentMode = AgentMode.AUTO
     read_only_root: bool = False
     workspace_mb: int = 0  # >0: the workdir is a tmpfs volume of this size (a disk quota that works on any filesystem)
+    run_as: str = ""  # "uid:gid": the episode's commands run as this user, the agent stays root (recycling)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,13 +39,18 @@ class SandboxChannel(Protocol):
 
     async def ping(self, timeout: float) -> dict[str, Any]: ...
 
+    async def reset(self, timeout: float) -> dict[str, Any]: ...
+
     async def close(self, reason: str = "closed") -> None: ...
 
 
 class Sandbox:
-    """A ready container handed out by a pool. Never reused: released means destroyed."""
+    """A ready container handed out by a pool. Released means destroyed, or, in a recycling pool,
+    reset and proven clean by its agent before it serves again (``reuses`` counts that)."""
 
-    __slots__ = ("channel", "container_id", "created_at", "image", "mode", "name", "pool", "ready_at", "runtime", "transport")
+    __slots__ = (
+        "channel", "container_id", "created_at", "image", "mode", "name", "pool", "ready_at", "reuses", "runtime", "transport",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -72,6 +77,7 @@ class Sandbox:
         self.transport = transport
         self.created_at = time.time()
         self.ready_at = time.monotonic()
+        self.reuses = 0
 
     @property
     def alive(self) -> bool:

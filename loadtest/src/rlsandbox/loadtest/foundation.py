@@ -88,7 +88,7 @@ async def run(image: str, scale: float) -> dict[str, Any]:
                 warm.append(time.perf_counter() - t)
             results["warm_acquire"] = summary_ms(warm)
             for sb in leased:
-                await pool.release(sb)
+                pool.release(sb)
             await pool.close()
             await runner
         finally:

@@ -176,6 +176,12 @@ class AgentChannel:
         meta, _ = await self.request(p.K_PING, {}, timeout=timeout)
         return meta
 
+    async def reset(self, timeout: float) -> dict[str, Any]:
+        """Ask the agent to make the sandbox as clean as a new one and prove it (recycling):
+        {"ok": bool, "why": str, "checks": [...]}."""
+        meta, _ = await self.request(p.K_RESET, {}, timeout=timeout)
+        return meta
+
     async def close(self, reason: str = "closed") -> None:
         self._fail_all(reason)
         if self._background:

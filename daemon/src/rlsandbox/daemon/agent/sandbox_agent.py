@@ -45,6 +45,7 @@ K_LIST = 6
 K_STAT = 7
 K_SHELL_CLOSE = 8
 K_SHUTDOWN = 9
+K_RESET = 10  # recycling: end every process, wipe the writable places, prove the sandbox is clean
 # Responses (agent -> daemon).
 K_STDOUT = 16
 K_STDERR = 17
@@ -231,6 +232,22 @@ class _Spawned(object):
 _DEVNULL = []
 _ENVIRON = []
 _HOME = []
+# (uid, gid) of the episode's commands when they run as an unprivileged user (--user; recycling
+# pools): the agent stays root and out of their reach, and files it writes are theirs.
+_OWNER = []
+# Writable places a reset wipes, besides the workdir; each must be a mount of its own to count.
+WIPED = ("/tmp", "/dev/shm", "/dev/mqueue")
+RESET_KILL_WINDOW = 5.0  # seconds a reset may spend ending processes before it gives up
+
+
+def _demote():
+    """In the child, before exec: the episode's user, no supplementary groups."""
+    uid, gid = _OWNER[0]
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+
+
 _SIGDEF = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ", "SIGXFZ") if hasattr(signal, n))
 
 
@@ -243,7 +260,7 @@ def _spawn(argv, env, cwd, with_stdin):
     the agent ignores (SIGPIPE) are default again in the child, no other descriptor leaks into it
     (Python opens every one close-on-exec), OSError when the program or ``cwd`` is missing.
     """
-    if not hasattr(os, "posix_spawn"):
+    if not hasattr(os, "posix_spawn") or _OWNER:  # posix_spawn cannot change the user
         return _popen(argv, env, cwd, with_stdin)
     if not _DEVNULL:
         _DEVNULL.append(os.open(os.devnull, os.O_RDWR | getattr(os, "O_CLOEXEC", 0)))
@@ -322,6 +339,7 @@ def _popen(argv, env, cwd, with_stdin):
         env=env,
         start_new_session=True,
         close_fds=True,
+        preexec_fn=_demote if _OWNER else None,
     )
 
 
@@ -429,6 +447,7 @@ class _Shell(object):
             stderr=subprocess.PIPE,
             start_new_session=True,
             close_fds=True,
+            preexec_fn=_demote if _OWNER else None,
         )
         self.pid = self.proc.pid
         _set_nonblocking(self.proc.stdin.fileno())
@@ -648,6 +667,7 @@ class Agent(object):
         self.stdin_feeds = {}
         self.shells = {}
         self.spawn_backlog = []
+        self.resets = 0
         self.running = True
         self.shell_path = "/bin/sh"
         self.bash_path = next((p for p in ("/bin/bash", "/usr/bin/bash") if os.path.exists(p)), None)
@@ -889,6 +909,8 @@ class Agent(object):
                 if shell is not None:
                     shell.kill()
                 self.send(K_RESULT, rid, _dumps({"found": shell is not None}))
+            elif kind == K_RESET:
+                self.send(K_RESULT, rid, _dumps(self._reset(req)))
             elif kind == K_SHUTDOWN:
                 self.send(K_RESULT, rid, b"{}")
                 self.running = False
@@ -939,6 +961,67 @@ class Agent(object):
             cmd.finish(code, None, {"spawn_error": e.strerror})
             return
         self.commands[rid] = cmd
+
+    def _reset(self, req):
+        """Make this sandbox as clean as a new one for the next episode, and prove it: every
+        process but the agent ended, SysV IPC objects removed, the writable places emptied, the
+        mount table as it was at start, no other place the episode's user could write. Returns
+        {"ok": bool, "why": str, "checks": [...]}: anything unexpected is a failure (the daemon
+        then destroys the sandbox). Only as PID 1 of a sandbox whose commands run as another
+        user: anywhere else "every process" is not the episode's."""
+        if os.getpid() != 1 or not _OWNER or not _BASELINE:
+            raise ValueError("reset needs an agent that is PID 1 of its sandbox and runs commands as another user (--user)")
+        checks = []
+        for cmd in list(self.commands.values()):
+            if isinstance(cmd, (_ProcessCommand, _ShellCommand)):
+                cmd.cancelled = True
+        for shell in list(self.shells.values()):
+            shell.kill()
+        self.shells.clear()
+        self.spawn_backlog = []
+        # 1. Every process but this one (SIGKILL cannot be caught; forks racing the first pass are
+        #    caught by the next; zombies are reaped, since orphans come to PID 1).
+        deadline = time.monotonic() + RESET_KILL_WINDOW
+        while True:
+            self._reap()
+            others = [p for p in _pids() if p != 1]
+            if not others:
+                break
+            if time.monotonic() > deadline:
+                return {"ok": False, "why": "%d processes survived SIGKILL: %s" % (len(others), others[:10]), "checks": checks}
+            try:
+                os.kill(-1, signal.SIGKILL)  # from PID 1: every process of the namespace but itself
+            except ProcessLookupError:
+                pass
+            time.sleep(0.001)
+        checks.append("processes")
+        # 2. SysV IPC objects outlive their processes.
+        left = _remove_ipc()
+        if left:
+            return {"ok": False, "why": "SysV IPC objects remain: %s" % left, "checks": checks}
+        checks.append("ipc")
+        # 3. The writable places, emptied (never following a symlink out of them).
+        mounts = _mounts()
+        for place in (_BASELINE[1],) + WIPED:
+            if place != _BASELINE[1] and place not in mounts:
+                continue
+            why = _empty(place)
+            if why:
+                return {"ok": False, "why": "cannot empty %s: %s" % (place, why), "checks": checks}
+        uid, gid = _OWNER[0]
+        os.chown(_BASELINE[1], uid, gid, follow_symlinks=False)
+        checks.append("wiped")
+        # 4. Nothing else changed, nothing else is writable.
+        if mounts.get("/", (True, ""))[0]:
+            return {"ok": False, "why": "the root filesystem is writable: only a read-only root can be reset", "checks": checks}
+        if _mountinfo() != _BASELINE[0]:
+            return {"ok": False, "why": "the mount table changed", "checks": checks}
+        why = _other_writable(mounts, (_BASELINE[1],) + WIPED, uid, gid)
+        if why:
+            return {"ok": False, "why": why, "checks": checks}
+        checks.append("mounts")
+        self.resets += 1
+        return {"ok": True, "why": "", "checks": checks, "resets": self.resets}
 
     def _retry_spawns(self):
         backlog, self.spawn_backlog = self.spawn_backlog, []
@@ -1068,6 +1151,118 @@ class Agent(object):
         self._reap()
 
 
+# -- recycling --------------------------------------------------------------------------------------
+_BASELINE = []  # [mountinfo at start, workdir]: what a reset compares against
+
+
+def _pids():
+    return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+
+
+def _mountinfo():
+    with open("/proc/self/mountinfo", "rb") as f:
+        return f.read()
+
+
+def _mounts():
+    """{mount point: (read-write, fs type)} of this mount namespace."""
+    out = {}
+    for line in _mountinfo().decode("utf-8", "replace").splitlines():
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if len(fields) < 6:
+            continue
+        point = fields[4].replace("\\040", " ")
+        options = fields[5].split(",")
+        fstype = right.split()[0] if right else ""
+        out[point] = ("rw" in options, fstype)
+    return out
+
+
+def _remove_ipc():
+    """Remove every SysV shared memory segment, semaphore set and message queue; what is left.
+
+    Removed by a child running as the episode's user: they are that user's, and root without
+    CAP_SYS_ADMIN may not remove another user's objects."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            import ctypes
+
+            _demote()
+            libc = ctypes.CDLL(None, use_errno=True)
+            for table, ctl in (("shm", libc.shmctl), ("sem", libc.semctl), ("msg", libc.msgctl)):
+                for ident in _ipc_ids(table):
+                    if table == "sem":
+                        ctl(ident, 0, 0)  # semid, semnum, IPC_RMID
+                    else:
+                        ctl(ident, 0, None)  # id, IPC_RMID, no buffer
+        finally:
+            os._exit(0)
+    while True:
+        try:
+            os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            break
+    return ["%s %d" % (table, i) for table in ("shm", "sem", "msg") for i in _ipc_ids(table)]
+
+
+def _ipc_ids(table):
+    try:
+        with open("/proc/sysvipc/" + table) as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return []
+    return [int(line.split()[1]) for line in lines if len(line.split()) > 1]
+
+
+def _empty(place):
+    """Remove everything inside ``place`` (not the place itself); an error message, or ''."""
+    import shutil
+
+    try:
+        names = os.listdir(place)
+    except OSError as e:
+        return e.strerror or str(e)
+    for name in names:
+        path = os.path.join(place, name)
+        try:
+            st = os.lstat(path)
+            if stat_mod.S_ISDIR(st.st_mode):
+                shutil.rmtree(path)  # fd-based on Linux: a symlink inside is removed, never followed
+            else:
+                os.unlink(path)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            return "%s: %s" % (path, e.strerror or e)
+    left = os.listdir(place)
+    return "left: %s" % left[:5] if left else ""
+
+
+def _other_writable(mounts, wiped, uid, gid):
+    """A read-write mount outside the wiped places that the episode's user could write, or ''.
+
+    Docker's own read-write mounts (/etc/hosts, /etc/hostname, /etc/resolv.conf, /dev, ...) are
+    root's and not writable by others: fine. Anything else (a VOLUME of the image, say) is not.
+    """
+    for point, (rw, fstype) in sorted(mounts.items()):
+        if not rw or point in wiped or fstype in ("proc", "sysfs", "cgroup", "cgroup2", "devpts", "mqueue"):
+            continue
+        try:
+            st = os.lstat(point)
+        except OSError:
+            continue
+        if stat_mod.S_ISCHR(st.st_mode):
+            continue  # /dev/null bound over a masked path (/proc/keys, ...): nothing to keep there
+        if st.st_uid == uid or st.st_mode & 0o002 or (st.st_gid == gid and st.st_mode & 0o020):
+            return "%s is a read-write mount the episode's user can write (only the wiped places may be)" % point
+    return ""
+
+
 # -- files ------------------------------------------------------------------------------------------
 
 
@@ -1087,6 +1282,8 @@ def _write_files(req, body):
             mode = int(spec.get("mode", 0o644))
             tmp = "%s.rls-tmp-%d" % (path, os.getpid())
             fd = _create_new(tmp, mode)
+            if _OWNER:
+                os.fchown(fd, _OWNER[0][0], _OWNER[0][1])
             try:
                 while len(data):
                     n = os.write(fd, data)
@@ -1117,6 +1314,9 @@ def _makedirs(path):
         except FileExistsError:
             if not os.path.isdir(folder):
                 raise
+            continue
+        if _OWNER:
+            os.chown(folder, _OWNER[0][0], _OWNER[0][1], follow_symlinks=False)
 
 
 def _create_new(path, mode):
@@ -1238,12 +1438,19 @@ def main(argv=None):
     os.environ.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     argv = sys.argv[1:] if argv is None else argv
     listener = dial = None
+    if argv[:1] == ["--user"] and len(argv) >= 2:
+        uid, _, gid = argv[1].partition(":")
+        _OWNER.append((int(uid), int(gid or uid)))
+        argv = argv[2:]
+        workdir = os.getcwd()
+        os.chown(workdir, _OWNER[0][0], _OWNER[0][1], follow_symlinks=False)
+        _BASELINE.extend([_mountinfo(), workdir])
     if argv[:1] == ["--socket"] and len(argv) == 2:
         listener = listen_unix(argv[1])
     elif argv[:1] == ["--connect"] and len(argv) == 2:
         dial = argv[1]
     elif argv:
-        sys.stderr.write("usage: sandbox_agent.py [--socket PATH | --connect PATH]\n")
+        sys.stderr.write("usage: sandbox_agent.py [--user UID[:GID]] [--socket PATH | --connect PATH]\n")
         return 2
     agent = Agent(listener=listener, dial=dial)
     agent.run()

@@ -191,7 +191,7 @@ class Grader:
                 result.tampering.append(f"{len(mine.skipped)} device, fifo or socket file(s) not copied")
             return result
         finally:
-            await pool.release(room, "clean room done")
+            pool.release(room, "clean room done", reuse=True)
 
     async def _probe(self, room: Sandbox, task: Task) -> ImportFacts | None:
         """What the clean room's interpreters resolve outside the workspace, before any agent file is there.

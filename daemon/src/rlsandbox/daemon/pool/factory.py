@@ -32,6 +32,7 @@ from rlsandbox.daemon.sandbox import Sandbox, SandboxChannel
 log = logging.getLogger(__name__)
 
 REMOVE_TIMEOUT = 30.0
+RESET_TIMEOUT = 15.0  # seconds an agent may take to reset its sandbox for the next episode
 # Removals the engine is asked for at once. dockerd serialises them (~40 ms each here); a storm of
 # 1,000 concurrent removes made every one of them miss its deadline (measured with api_bench),
 # while a short queue on our side lets each one finish well within it.
@@ -124,15 +125,7 @@ class SandboxFactory:
                 image=cspec.image,
                 transport="dial" if socket_dir is not None else "attach" if use_agent else "exec",
             )
-            for command in spec.setup:
-                result = await sandbox.exec(ExecRequest(shell=command, timeout=spec.setup_timeout, cwd=cspec.workdir))
-                if not result.ok:
-                    detail = (result.stderr or result.stdout)[-500:].decode("utf-8", "replace").strip()
-                    raise SetupFailed(
-                        f"setup command {command!r} of pool {spec.name} failed "
-                        f"(exit {result.exit_code}, timed out {result.timed_out}): {detail}",
-                        pool=spec.name,
-                    )
+            await self._setup(sandbox, spec)
             return sandbox
         except BaseException:
             await asyncio.shield(self._remove(name, cid, channel, "failed setup"))
@@ -186,6 +179,26 @@ class SandboxFactory:
             image=entry.image,
             transport=entry.transport,
         )
+
+    async def recycle(self, sandbox: Sandbox, spec: PoolSpec, timeout: float = RESET_TIMEOUT) -> None:
+        """Make a released sandbox serve another episode: its agent ends every process, wipes the
+        writable places and proves it (sandbox_agent.py ``_reset``), then the pool's setup runs
+        again. Raises SandboxError saying why the sandbox cannot be reused (the caller destroys it)."""
+        outcome = await sandbox.channel.reset(timeout)
+        if not outcome.get("ok"):
+            raise SandboxDied(f"reset refused: {outcome.get('why') or 'no reason given'}", container=sandbox.name)
+        await self._setup(sandbox, spec)
+
+    async def _setup(self, sandbox: Sandbox, spec: PoolSpec) -> None:
+        for command in spec.setup:
+            result = await sandbox.exec(ExecRequest(shell=command, timeout=spec.setup_timeout, cwd=spec.container.workdir))
+            if not result.ok:
+                detail = (result.stderr or result.stdout)[-500:].decode("utf-8", "replace").strip()
+                raise SetupFailed(
+                    f"setup command {command!r} of pool {spec.name} failed "
+                    f"(exit {result.exit_code}, timed out {result.timed_out}): {detail}",
+                    pool=spec.name,
+                )
 
     async def death_cause(self, sandbox: Sandbox, wait: float = 2.0) -> tuple[str, bool]:
         """Why a sandbox stopped answering, as the engine saw it: (what to tell the caller, OOM-killed).

@@ -19,6 +19,9 @@ class PoolSpec:
         setup: shell commands run in each new sandbox before it counts as ready.
         setup_timeout: seconds each setup command may take.
         start_timeout: seconds for the agent to answer its first ping.
+        recycle: a released sandbox is reset and verified by its agent and serves the next
+            episode (docs/RELIABILITY.md: what the reset proves); any doubt destroys it instead.
+        max_reuses: episodes a recycled sandbox serves at most (then it is destroyed).
     """
 
     name: str
@@ -28,3 +31,5 @@ class PoolSpec:
     setup: tuple[str, ...] = ()
     setup_timeout: float = 120.0
     start_timeout: float = 30.0
+    recycle: bool = False
+    max_reuses: int = 50

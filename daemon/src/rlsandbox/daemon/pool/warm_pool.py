@@ -68,6 +68,10 @@ class PoolStats:
     consecutive_failures: int
     last_error: str | None
     backing_off_for: float
+    recycling: int = 0  # released, being reset for the next episode
+    destroying: int = 0  # released, being removed (both count against max_total)
+    recycled_total: int = 0  # hand-backs of a reset, proven-clean sandbox
+    recycle_failures_total: int = 0  # resets refused or failed (the sandbox was destroyed)
 
 
 class WarmPool:
@@ -102,6 +106,10 @@ class WarmPool:
         self._acquired_total = 0
         self._acquired_waited = 0
         self._acquire_timeouts = 0
+        self._recycling = 0  # released sandboxes being reset for the next episode
+        self._destroying = 0  # released sandboxes being removed
+        self._recycled_total = 0
+        self._recycle_failures = 0
 
     @property
     def name(self) -> str:
@@ -156,6 +164,7 @@ class WarmPool:
                 elif not future.cancelled() and future.exception() is None:
                     # Handed a sandbox while leaving (timeout or cancellation): it was never
                     # used, so it goes back to the front of the line.
+                    self._leased.discard(future.result())
                     self._ready.appendleft(future.result())
                     self._deliver()
         self._acquired_waited += 1
@@ -179,11 +188,44 @@ class WarmPool:
         self._wake.set()
         return sandbox
 
-    async def release(self, sandbox: Sandbox, reason: str = "released") -> None:
-        """Destroy a leased sandbox (never reused) and let the refill loop replace it."""
+    def release(self, sandbox: Sandbox, reason: str = "released", *, reuse: bool = False) -> None:
+        """End a lease. Returns at once: behind it the sandbox is destroyed, or, with ``reuse`` in
+        a recycling pool, reset and proven clean by its agent and made ready again (any doubt,
+        or ``max_reuses`` reached, destroys it). Sandboxes on their way out count against
+        ``max_total`` until they are gone, so a slow engine slows refills instead of piling up
+        containers."""
         self._leased.discard(sandbox)
-        self._wake.set()
-        await asyncio.shield(self._destroy(sandbox, reason))
+        recycle = reuse and self.spec.recycle and sandbox.alive and sandbox.reuses < self.spec.max_reuses
+        if recycle:
+            self._recycling += 1
+        else:
+            self._destroying += 1
+        self._spawn(self._after_release(sandbox, reason, recycle))
+
+    async def _after_release(self, sandbox: Sandbox, reason: str, recycle: bool) -> None:
+        try:
+            if recycle and not self._closing:
+                try:
+                    await self._factory.recycle(sandbox, self.spec)
+                except Exception as e:  # whatever went wrong, the sandbox is not trusted again
+                    self._recycle_failures += 1
+                    why = e.message if isinstance(e, SandboxError) else f"{type(e).__name__}: {e}"
+                    log.warning("pool %s: %s not recycled (%s); destroying it", self.name, sandbox.name, why)
+                    reason = f"recycling failed: {why}"
+                else:
+                    if not self._closing:
+                        sandbox.reuses += 1
+                        self._recycled_total += 1
+                        self._ready.append(sandbox)
+                        self._deliver()
+                        return
+            await self._destroy(sandbox, reason)
+        finally:
+            if recycle:
+                self._recycling -= 1
+            else:
+                self._destroying -= 1
+            self._wake.set()
 
     @contextlib.asynccontextmanager
     async def lease(self, timeout: float) -> AsyncIterator[Sandbox]:
@@ -192,13 +234,17 @@ class WarmPool:
         try:
             yield sandbox
         finally:
-            await self.release(sandbox)
+            self.release(sandbox)
 
     def _deliver(self) -> None:
         while self._ready and self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(self._ready.popleft())
+                # Leased from this moment, not when the waiter wakes up: in between, a refill
+                # would see room that is not there and create past max_total.
+                sandbox = self._ready.popleft()
+                self._leased.add(sandbox)
+                waiter.set_result(sandbox)
 
     def _backoff_remaining(self) -> float:
         return max(0.0, self._backoff_until - time.monotonic())
@@ -234,8 +280,8 @@ class WarmPool:
         if self._closing or self._backoff_remaining() > 0:
             return
         live_waiters = sum(1 for w in self._waiters if not w.done())
-        wanted = self.spec.min_ready + live_waiters - len(self._ready) - self._creating
-        room = self.spec.max_total - len(self._ready) - len(self._leased) - self._creating
+        wanted = self.spec.min_ready + live_waiters - len(self._ready) - self._creating - self._recycling
+        room = self.spec.max_total - len(self._ready) - len(self._leased) - self._creating - self._recycling - self._destroying
         # While failing, probe with one creation at a time instead of a burst.
         cap = 1 if self._consecutive_failures else wanted
         for _ in range(max(0, min(wanted, room, cap))):
@@ -353,4 +399,8 @@ class WarmPool:
             consecutive_failures=self._consecutive_failures,
             last_error=self._last_error,
             backing_off_for=self._backoff_remaining(),
+            recycling=self._recycling,
+            destroying=self._destroying,
+            recycled_total=self._recycled_total,
+            recycle_failures_total=self._recycle_failures,
         )

@@ -61,10 +61,11 @@ def container_config(
         host["Mounts"] = [{"Type": "volume", "Target": spec.workdir, "VolumeOptions": volume}]
     if spec.read_only_root:
         host["Tmpfs"] = {"/tmp": f"rw,exec,size={READ_ONLY_TMP_MB}m"}
+    env = {**SANDBOX_ENV, **({"HOME": "/tmp"} if spec.run_as else {}), **spec.env}
     config: dict[str, Any] = {
         "Image": spec.image,
         "Labels": dict(labels),
-        "Env": [f"{k}={v}" for k, v in {**SANDBOX_ENV, **spec.env}.items()],
+        "Env": [f"{k}={v}" for k, v in env.items()],
         "WorkingDir": spec.workdir,
         "NetworkDisabled": not spec.network,
         "HostConfig": host,
@@ -73,14 +74,15 @@ def container_config(
     if use_agent:
         assert agent_path is not None
         host["Binds"] = [f"{agent_path}:{AGENT_MOUNT}:ro"]
+        user = ["--user", spec.run_as] if spec.run_as else []
         if socket_dir is not None:
             # The agent dials the daemon's unix socket in a host folder that the sandbox sees
             # read-only (nothing it does lands on the host): no stdin, no attach.
             host["Binds"].append(f"{socket_dir}:{SOCKET_MOUNT}:ro")
-            config.update(Cmd=["python3", "-u", AGENT_MOUNT, "--connect", f"{SOCKET_MOUNT}/{AGENT_SOCKET}"], Entrypoint=[])
+            config.update(Cmd=["python3", "-u", AGENT_MOUNT, *user, "--connect", f"{SOCKET_MOUNT}/{AGENT_SOCKET}"], Entrypoint=[])
         else:
             config.update(
-                Cmd=["python3", "-u", AGENT_MOUNT],
+                Cmd=["python3", "-u", AGENT_MOUNT, *user],
                 Entrypoint=[],
                 OpenStdin=True,
                 StdinOnce=False,

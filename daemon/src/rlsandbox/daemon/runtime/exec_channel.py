@@ -150,6 +150,10 @@ class ExecChannel:
     async def close_shell(self, name: str, timeout: float) -> bool:
         return False
 
+    async def reset(self, timeout: float) -> dict[str, Any]:
+        """No agent, no reset: such a sandbox is never recycled."""
+        return {"ok": False, "why": "an Engine-exec sandbox has no agent to reset it", "checks": []}
+
     async def ping(self, timeout: float) -> dict[str, Any]:
         try:
             info = await self._runtime.inspect(self._cid, timeout=timeout)

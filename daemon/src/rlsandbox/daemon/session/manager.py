@@ -34,6 +34,10 @@ from rlsandbox.daemon.session.state import ENDED, Session, SessionOptions, Sessi
 log = logging.getLogger(__name__)
 
 TOMBSTONES = 100_000
+_NO_TASKS_IN_RECYCLING = (
+    "pool {pool} recycles its sandboxes (read-only root, commands as an unprivileged user), which task "
+    "workspaces and clean-room grading do not support yet; run tasks in a pool without recycle"
+)
 BIG_STDIN = 1 << 20  # bytes: hashing more than this for step dedup happens off the event loop
 
 
@@ -170,6 +174,8 @@ class SessionManager:
             )
         if options.task is not None and self.grader is None:
             raise FailedPrecondition("this node has no grader; it cannot start sessions from tasks")
+        if options.task is not None and pool.spec.recycle:
+            raise FailedPrecondition(_NO_TASKS_IN_RECYCLING.format(pool=pool.name), pool=pool.name)
         if options.task is not None and "task" not in options.labels:
             options = replace(options, labels={**options.labels, "task": options.task.id})
         session = Session(f"{self.node_id}-{secrets.token_hex(8)}", options, pool)
@@ -184,7 +190,7 @@ class SessionManager:
                 await self.recorder.record(session)
             except BaseException:
                 self.recorder.forget(session.id)
-                await pool.release(session.sandbox, "session setup failed")
+                pool.release(session.sandbox, "session setup failed")
                 raise
         except BaseException as e:
             session.transition(SessionState.FAILED)
@@ -218,13 +224,11 @@ class SessionManager:
             return False
         session.transition(SessionState.CLOSING)
         self.recorder.forget(session.id)
-        try:
-            if session.sandbox is not None:
-                await session.pool.release(session.sandbox, reason)
-        finally:
-            session.transition(SessionState.CLOSED)
-            self._bury(session, reason)
-            self.recorder.closed(session, reason)
+        if session.sandbox is not None:  # destroyed or recycled behind the answer
+            session.pool.release(session.sandbox, reason, reuse=True)
+        session.transition(SessionState.CLOSED)
+        self._bury(session, reason)
+        self.recorder.closed(session, reason)
         log.info("session closed: %s", reason, extra={"session": session.id, "pool": session.pool.name})
         return True
 
@@ -239,7 +243,7 @@ class SessionManager:
         self._bury(session, f"sandbox died: {cause}")
         self.recorder.died(session, cause, detail, oom)
         if session.sandbox is not None:
-            await session.pool.release(session.sandbox, f"sandbox died: {cause}")
+            session.pool.release(session.sandbox, f"sandbox died: {cause}")
         return f"sandbox of session {session.id} died: {cause}"
 
     # -- operations on a live session -----------------------------------------------------------
@@ -303,6 +307,8 @@ class SessionManager:
             raise FailedPrecondition(f"session {session_id} was not started from a task; pass the task to grade against")
         if self.grader is None:
             raise FailedPrecondition("this node has no grader")
+        if session.pool.spec.recycle:
+            raise FailedPrecondition(_NO_TASKS_IN_RECYCLING.format(pool=session.pool.name), pool=session.pool.name)
         if task.spec.pool != session.pool.name:
             raise InvalidArgument(f"the task runs in pool {task.spec.pool!r}, the session is in {session.pool.name!r}")
         async with self._busy(session_id) as (_, sandbox):

@@ -23,8 +23,9 @@ class SandboxPool(Protocol):
         """A ready sandbox, leased to the caller (typed errors when none comes in time)."""
         ...
 
-    async def release(self, sandbox: Sandbox, reason: str = "released") -> None:
-        """The lease ends: the sandbox is destroyed (or recycled) and replaced."""
+    def release(self, sandbox: Sandbox, reason: str = "released", *, reuse: bool = False) -> None:
+        """The lease ends at once; behind it the sandbox is destroyed, or (``reuse``, in a
+        recycling pool) reset and proven clean for the next episode."""
         ...
 
     async def adopt(self, entry: JournalEntry, state: str | None) -> Sandbox:

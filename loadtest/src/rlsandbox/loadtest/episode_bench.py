@@ -1,0 +1,227 @@
+"""Episode throughput: how many episodes a node serves per second, beside the engine's own churn.
+
+    python -m rlsandbox.loadtest.episode_bench [--seconds 20] [--workers 16] [--json out.json]
+
+In one run, on the python image, each phase on a settled node (the previous phase's refills done):
+
+- engine: raw Engine API cycles, create -> start -> exec `true` -> remove, ``workers`` at once
+  (the ceiling of "a fresh container per episode" on this engine);
+- short: CreateSession -> Exec `true` -> CloseSession, ``workers`` at once, on a pool of fresh
+  sandboxes (every episode a new container);
+- short-recycled: the same on a pool with verified recycling (a reset sandbox serves the next
+  episode; docs/RELIABILITY.md);
+- graded: a session from the small pytest task py-calc -> 3 steps -> clean-room grade -> close,
+  ``workers // 2`` at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from rlsandbox.client import AsyncClient
+from rlsandbox.daemon.grading.task import load_tasks
+from rlsandbox.daemon.model import ContainerSpec, Limits, MiB
+from rlsandbox.daemon.runtime.container import container_config
+from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, DockerRuntime
+from rlsandbox.loadtest.node import daemon_process, wait_quiet, wait_ready
+from rlsandbox.loadtest.stats import bench_cli, latency_table, machine, summary_ms
+
+REPO = Path(__file__).resolve().parents[4]
+IMAGE = "rlsandbox/python-task:latest"
+CONFIG = """
+node_id = "{node}"
+listen_tcp = "127.0.0.1:{{port}}"
+max_sessions = 500
+[[pools]]
+name = "fresh"
+image = "{image}"
+min_ready = {ready}
+max_total = 96
+memory_mb = 256
+{recycled}
+[[pools]]
+name = "python"
+image = "{image}"
+min_ready = 8
+max_total = 96
+"""
+
+
+Episode = Callable[[dict[str, list[float]]], Awaitable[None]]
+
+RECYCLED = """
+[[pools]]
+name = "recycled"
+image = "{image}"
+min_ready = {ready}
+max_total = 96
+memory_mb = 256
+read_only_root = true
+recycle = true
+"""
+
+
+async def for_seconds(seconds: float, workers: int, episode: Episode) -> dict[str, Any]:
+    """Run ``episode`` back to back in ``workers`` loops for ``seconds``; episodes per second and
+    each phase's latency (the episode records its phases)."""
+    phases: dict[str, list[float]] = {}
+    errors: dict[str, int] = {}
+    done = 0
+    deadline = time.monotonic() + seconds
+
+    async def loop() -> None:
+        nonlocal done
+        while time.monotonic() < deadline:
+            try:
+                await episode(phases)
+                done += 1
+            except Exception as e:  # counted, not fatal: a benchmark reports what failed
+                errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
+
+    started = time.monotonic()
+    await asyncio.gather(*(loop() for _ in range(workers)))
+    elapsed = time.monotonic() - started
+    return {
+        "episodes": done,
+        "seconds": elapsed,
+        "episodes_per_s": done / elapsed,
+        "errors": errors,
+        "phases": {name: summary_ms(v) for name, v in phases.items() if v},
+    }
+
+
+def _timed(phases: dict[str, list[float]], name: str, t0: float) -> float:
+    now = time.perf_counter()
+    phases.setdefault(name, []).append(now - t0)
+    return now
+
+
+async def engine_cycles(seconds: float, workers: int) -> dict[str, Any]:
+    owner = f"episodebench-engine-{os.getpid()}"
+    spec = ContainerSpec(image=IMAGE, limits=Limits(memory_bytes=256 * MiB))
+    async with DockerRuntime(owner=owner) as runtime:
+        n = 0
+
+        async def cycle(phases: dict[str, list[float]]) -> None:
+            nonlocal n
+            n += 1
+            labels = {LABEL_MANAGED: "1", LABEL_OWNER: owner}
+            config = container_config(spec, labels=labels, use_agent=False, agent_path=None)
+            t0 = time.perf_counter()
+            cid = await runtime.create_and_start(config, name=f"rls-episodebench-{os.getpid()}-{n}")
+            try:
+                t0 = _timed(phases, "create_start", t0)
+                code = await runtime.exec_stream(
+                    cid, ["true"], cwd=None, env={}, stdin=b"", on_output=lambda _s, _d: None, timeout=30
+                )
+                assert code == 0, code
+                t0 = _timed(phases, "exec", t0)
+            finally:
+                await runtime.remove(cid)
+                _timed(phases, "remove", t0)
+
+        try:
+            return await for_seconds(seconds, workers, cycle)
+        finally:
+            for c in await runtime.list_containers({LABEL_OWNER: owner}):
+                await runtime.remove(c.id)
+
+
+async def short_episodes(client: AsyncClient, pool: str, seconds: float, workers: int) -> dict[str, Any]:
+    async def episode(phases: dict[str, list[float]]) -> None:
+        t0 = time.perf_counter()
+        s = await client.create_session(pool, acquire_timeout=30)
+        t0 = _timed(phases, "create", t0)
+        try:
+            r = await s.exec(["true"])
+            assert r.exit_code == 0, r
+            t0 = _timed(phases, "exec", t0)
+        finally:
+            await s.close()
+            _timed(phases, "close", t0)
+
+    return await for_seconds(seconds, workers, episode)
+
+
+async def graded_episodes(client: AsyncClient, seconds: float, workers: int) -> dict[str, Any]:
+    task = next(t for t in load_tasks(REPO / "tests" / "fixtures" / "tasks") if t.id == "py-calc")
+
+    async def episode(phases: dict[str, list[float]]) -> None:
+        t0 = time.perf_counter()
+        async with client.session(task=task, acquire_timeout=60) as s:
+            t0 = _timed(phases, "create_from_task", t0)
+            await s.exec("ls")
+            await s.exec("cat calc.py")
+            await s.write_files({"calc.py": "def add(a, b):\n    return a + b\n"})
+            t0 = _timed(phases, "steps", t0)
+            r = await s.grade()
+            assert r.status == "ok", r
+            t0 = _timed(phases, "grade", t0)
+        _timed(phases, "close", t0)
+
+    return await for_seconds(seconds, workers, episode)
+
+
+async def bench(seconds: float, workers: int, phases: list[str]) -> dict[str, Any]:
+    results: dict[str, Any] = {"seconds": seconds, "workers": workers}
+    if "engine" in phases:
+        results["engine"] = await engine_cycles(seconds, workers)
+    recycled = RECYCLED.format(image=IMAGE, ready=workers) if "short-recycled" in phases else ""
+    config = CONFIG.format(node=f"episodebench-{os.getpid()}", image=IMAGE, ready=workers, recycled=recycled)
+    async with daemon_process(config) as daemon, AsyncClient(daemon.address, timeout=120) as client:
+        await wait_ready(client, "fresh", workers, 300)
+        for phase, pool in (("short", "fresh"), ("short-recycled", "recycled")):
+            if phase in phases:
+                await wait_quiet(client)
+                results[phase] = await short_episodes(client, pool, seconds, workers)
+        if "graded" in phases:
+            await wait_quiet(client)
+            results["graded"] = await graded_episodes(client, seconds, max(1, workers // 2))
+    results["daemon_exit_code"] = daemon.exit_code
+    base = results.get("engine", {}).get("episodes_per_s")
+    if base:
+        for phase in ("short", "short-recycled", "graded"):
+            if phase in results:
+                results[f"ratio_{phase}_over_engine"] = results[phase]["episodes_per_s"] / base
+    results["machine"] = machine()
+    return results
+
+
+def render(r: dict[str, Any]) -> str:
+    lines = [f"{r['workers']} workers, {r['seconds']:.0f} s per phase", ""]
+    lines += ["| phase | episodes | episodes/s | x engine | errors |", "|---|---|---|---|---|"]
+    for phase in ("engine", "short", "short-recycled", "graded"):
+        if phase in r:
+            p = r[phase]
+            ratio = r.get(f"ratio_{phase}_over_engine")
+            errors = ", ".join(f"{k} {v}" for k, v in p["errors"].items()) or "none"
+            times = f"{ratio:.1f}" if ratio else "1.0"
+            lines.append(f"| {phase} | {p['episodes']} | {p['episodes_per_s']:.1f} | {times} | {errors} |")
+    rows = [
+        (f"{phase}: {name}", s)
+        for phase in ("engine", "short", "short-recycled", "graded")
+        if phase in r
+        for name, s in r[phase]["phases"].items()
+    ]
+    lines += ["", *latency_table(rows, digits=1)]
+    return "\n".join(lines)
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--phases", default="engine,short,short-recycled,graded")
+
+
+def main() -> None:
+    bench_cli(__doc__, _arguments, lambda args: bench(args.seconds, args.workers, args.phases.split(",")), render)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Verified recycling: a sandbox serves the next episode only once its agent proved it as clean as
+a new one. The previous episode plays a policy trying to leave something behind for the next;
+the next episode, in the same container, finds nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from helpers import PYTHON, daemon_config, running_daemon
+from rlsandbox.client import AsyncClient, AsyncSession, FailedPreconditionError
+from rlsandbox.daemon.config import PoolConfig
+from rlsandbox.daemon.server import NodeDaemon
+
+pytestmark = pytest.mark.docker
+
+# Everything a policy might try to leave for the next episode, from inside, as the episode's user.
+LEAVE_BEHIND = r"""
+import ctypes, fcntl, os, subprocess, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+# SysV IPC: shared memory, a semaphore set, a message queue (they outlive processes).
+assert libc.shmget(0x5eed, 4096, 0o1000 | 0o600) >= 0, "shmget"
+assert libc.semget(0x5eee, 1, 0o1000 | 0o600) >= 0, "semget"
+assert libc.msgget(0x5eef, 0o1000 | 0o600) >= 0, "msgget"
+# A POSIX message queue (/dev/mqueue) and POSIX shared memory (/dev/shm).
+rt = ctypes.CDLL("librt.so.1", use_errno=True)
+assert rt.mq_open(b"/leftover", os.O_CREAT | os.O_RDWR, 0o600, None) >= 0, "mq_open"
+open("/dev/shm/leftover", "w").write("x")
+# Files in every writable place, hidden and nested.
+for path in ("/tmp/leftover", "/tmp/.hidden", os.path.expanduser("~/.profile_evil"), "/workspace/leftover",
+             "/workspace/deep/er/f", "/workspace/.git/hooks/post-checkout"):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    open(path, "w").write("left by the previous episode")
+os.symlink("/etc/passwd", "/workspace/link-out")
+# A file lock held by a daemonized, double-forked grandchild that ignores SIGTERM/SIGHUP and
+# rewrites its marker forever (a cron-like loop), under a name that looks like the agent's.
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        lock = open("/tmp/lockfile", "w")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            open("/proc/self/comm", "w").write("agent.py")
+        except OSError:
+            pass
+        while True:
+            try:
+                open("/tmp/cron.log", "a").write("alive\n")
+            except OSError:
+                pass
+            time.sleep(0.02)
+    os._exit(0)
+# A background sleeper in its own session, as a shell would leave it.
+subprocess.Popen(["sleep", "1000"], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+# Places it must not be able to write at all (read-only root, root-owned mounts, the agent).
+denied = []
+for path in ("/etc/evil", "/usr/lib/evil", "/var/tmp/evil", "/evil", "/root/evil", "/.rlsandbox/agent.py",
+             "/etc/hosts", "/etc/resolv.conf"):
+    try:
+        open(path, "a").write("x")
+    except OSError:
+        denied.append(path)
+try:
+    os.kill(1, 9)
+except OSError:
+    denied.append("kill 1")
+print(",".join(denied))
+"""
+
+FIND_LEFTOVERS = r"""
+import os
+out = []
+for pid in os.listdir("/proc"):
+    if pid.isdigit() and int(pid) not in (1, os.getpid(), os.getppid()):
+        try:
+            out.append("process %s: %s" % (pid, open("/proc/%s/cmdline" % pid).read().replace("\0", " ")))
+        except OSError:
+            pass
+for place in ("/tmp", "/dev/shm", "/dev/mqueue", "/workspace", os.path.expanduser("~")):
+    for name in os.listdir(place):
+        out.append("file %s/%s" % (place, name))
+for table in ("shm", "sem", "msg"):
+    rows = open("/proc/sysvipc/" + table).read().splitlines()[1:]
+    out += ["ipc %s: %s" % (table, r.split()[:2]) for r in rows]
+print("\n".join(out))
+"""
+
+
+@pytest.fixture(scope="module")
+async def node(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
+    pools = [
+        PoolConfig(
+            name="recycled", image=PYTHON, min_ready=1, max_total=1, read_only_root=True, recycle=True, max_reuses=3,
+            memory_mb=256, pids=128,
+        ),
+    ]  # fmt: skip
+    async with running_daemon(daemon_config(pools=pools)) as daemon:
+        yield daemon
+
+
+async def _container(s: AsyncSession) -> str:
+    return (await s.exec("cat /etc/hostname")).stdout.decode().strip()
+
+
+async def test_the_next_episode_finds_nothing_the_previous_one_left(node: NodeDaemon) -> None:
+    async with AsyncClient(node.address, timeout=60) as client:
+        first = await client.create_session("recycled")
+        container = await _container(first)
+        assert (await first.exec("id -u")).stdout == b"1000\n"  # the episode is not root
+        planted = await first.exec(["python3", "-c", LEAVE_BEHIND], timeout=30)
+        assert planted.exit_code == 0, planted.stderr_text
+        denied = planted.stdout_text.strip().split(",")
+        assert set(denied) == {
+            "/etc/evil", "/usr/lib/evil", "/var/tmp/evil", "/evil", "/root/evil", "/.rlsandbox/agent.py",
+            "/etc/hosts", "/etc/resolv.conf", "kill 1",
+        }, denied  # fmt: skip
+        assert (await first.exec("export EVIL=1; cd /tmp", shell_session="main")).exit_code == 0
+        await asyncio.sleep(0.2)
+        assert b"alive" in (await first.exec("cat /tmp/cron.log")).stdout
+        assert await first.close()
+
+        second = await client.create_session("recycled", acquire_timeout=30)
+        assert await _container(second) == container, "max_total = 1: the next episode must get the same sandbox"
+        await asyncio.sleep(0.2)  # a survivor would have rewritten its marker by now
+        leftovers = await second.exec(["python3", "-c", FIND_LEFTOVERS])
+        assert leftovers.exit_code == 0 and leftovers.stdout_text.strip() == "", leftovers.stdout_text
+        assert (await second.exec("echo ${EVIL:-clean}; pwd", shell_session="main")).stdout == b"clean\n/workspace\n"
+        assert (await second.exec("id -u")).stdout == b"1000\n"
+        # The agent is the one that started the container, and it keeps working.
+        await second.write_files({"/workspace/mine.txt": "new episode"})
+        assert (await second.exec("ls -l /workspace/mine.txt")).stdout_text.split()[2] in ("1000", "?")
+        await second.close()
+        stats = next(p for p in node.pools.values() if p.name == "recycled").stats()
+        assert stats.recycled_total >= 1 and stats.recycle_failures_total == 0
+
+
+async def test_a_sandbox_is_destroyed_after_max_reuses(node: NodeDaemon) -> None:
+    async with AsyncClient(node.address, timeout=60) as client:
+        seen = []
+        for _ in range(6):
+            async with client.session("recycled", acquire_timeout=60) as s:
+                seen.append(await _container(s))
+        # max_reuses = 3: one sandbox serves at most 4 episodes (its first and three recycled).
+        runs = [len(list(g)) for _, g in __import__("itertools").groupby(seen)]
+        assert max(runs) <= 4 and len(set(seen)) >= 2, seen
+
+
+async def test_tasks_are_refused_in_a_recycling_pool_with_a_clear_error(node: NodeDaemon) -> None:
+    task = {"id": "t1", "pool": "recycled", "evaluation": {"test_command": "true", "report_format": "exit-code"}}
+    async with AsyncClient(node.address, timeout=60) as client:
+        with pytest.raises(FailedPreconditionError, match="recycles its sandboxes"):
+            await client.create_session(task=task)
+
+
+async def test_a_fork_bomb_running_at_close_is_ended_by_the_reset(node: NodeDaemon) -> None:
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    async with AsyncClient(node.address, timeout=60) as client:
+        first = await client.create_session("recycled", acquire_timeout=60)
+        container = await _container(first)
+        await first.write_files({"/tmp/bomb.py": bomb})
+        assert (await first.exec("nohup python3 /tmp/bomb.py >/dev/null 2>&1 &")).exit_code == 0
+        await asyncio.sleep(0.5)  # the sandbox is at its pids limit now
+        await first.close()
+        second = await client.create_session("recycled", acquire_timeout=60)
+        leftovers = await second.exec(["python3", "-c", FIND_LEFTOVERS])
+        assert leftovers.stdout_text.strip() == "", leftovers.stdout_text
+        # Recycled when the reset proved it clean, destroyed otherwise: never a dirty hand-out.
+        pool = node.pools["recycled"].stats()
+        assert (await _container(second) == container) == (pool.recycle_failures_total == 0)
+        await second.close()

@@ -1,0 +1,129 @@
+"""The warm pool's own logic over a fake factory (no Docker): hand-outs, refills within
+max_total, release behind the caller, and verified recycling (reset proven -> ready again;
+refused, failed or worn out -> destroyed)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from fakes import FakeChannel
+from rlsandbox.daemon.errors import SandboxDied
+from rlsandbox.daemon.model import ContainerSpec
+from rlsandbox.daemon.pool import CreateLimiter, PoolSpec, WarmPool
+from rlsandbox.daemon.sandbox import Sandbox
+
+
+class FakeFactory:
+    def __init__(self) -> None:
+        self.made = 0
+        self.destroyed: list[tuple[str, str]] = []
+        self.destroy_gate: asyncio.Event | None = None
+        self.reset_answer: dict[str, object] = {"ok": True}
+        self.resets = 0
+
+    async def create(self, spec: PoolSpec, *, session: str = "") -> Sandbox:
+        self.made += 1
+        return Sandbox(
+            container_id=f"id{self.made}", name=f"sb{self.made}", pool=spec.name, channel=FakeChannel(lambda r: ""),  # type: ignore[arg-type]
+            mode="agent", runtime="runc", image="img", transport="dial",
+        )  # fmt: skip
+
+    async def destroy(self, sandbox: Sandbox, reason: str = "released") -> None:
+        if self.destroy_gate is not None:
+            await self.destroy_gate.wait()
+        self.destroyed.append((sandbox.name, reason))
+
+    async def recycle(self, sandbox: Sandbox, spec: PoolSpec) -> None:
+        self.resets += 1
+        if not self.reset_answer.get("ok"):
+            raise SandboxDied(f"reset refused: {self.reset_answer.get('why')}")
+
+
+async def settle(pool: WarmPool, ready: int) -> None:
+    for _ in range(500):
+        if pool.stats().ready >= ready and pool.stats().creating == 0:
+            return
+        await asyncio.sleep(0.002)
+    raise AssertionError(f"pool did not reach {ready} ready: {pool.stats()}")
+
+
+@pytest.fixture
+async def made() -> AsyncIterator[tuple[WarmPool, FakeFactory]]:
+    factory = FakeFactory()
+    spec = PoolSpec(name="p", container=ContainerSpec(image="img"), min_ready=2, max_total=3, recycle=True, max_reuses=2)
+    pool = WarmPool(spec, factory, limiter=CreateLimiter(4))  # type: ignore[arg-type]
+    runner = asyncio.create_task(pool.run())
+    await settle(pool, 2)
+    yield pool, factory
+    factory.destroy_gate = None
+    await pool.close(timeout=5)
+    await runner
+
+
+async def test_release_returns_at_once_and_dying_sandboxes_count_against_max_total(made: tuple[WarmPool, FakeFactory]) -> None:
+    pool, factory = made
+    factory.destroy_gate = asyncio.Event()
+    a, b = await pool.acquire(1), await pool.acquire(1)
+    pool.release(a, "episode over")  # not reusable: destroyed, and the caller does not wait for it
+    pool.release(b, "episode over")
+    assert pool.stats().destroying == 2 and not factory.destroyed
+    await asyncio.sleep(0.05)
+    # 3 allowed in all: 2 on their way out leave room for 1 more, whatever min_ready wants.
+    assert pool.stats().ready + pool.stats().creating == 1
+    factory.destroy_gate.set()
+    await settle(pool, 2)
+    assert sorted(factory.destroyed) == [("sb1", "episode over"), ("sb2", "episode over")]
+    assert pool.stats().destroying == 0 and pool.stats().destroyed_total == 2
+
+
+async def test_a_proven_reset_makes_the_sandbox_ready_again_until_max_reuses(made: tuple[WarmPool, FakeFactory]) -> None:
+    pool, factory = made
+    first = await pool.acquire(1)
+    for round_ in (1, 2):
+        pool.release(first, "closed by client", reuse=True)
+        await asyncio.sleep(0.01)
+        assert first.reuses == round_ and pool.stats().recycled_total == round_
+        while (got := await pool.acquire(1)) is not first:  # back in line: it comes round again
+            pool.release(got, "not this one", reuse=False)
+        assert factory.resets == round_
+    pool.release(first, "closed by client", reuse=True)  # its third episode would pass max_reuses
+    await asyncio.sleep(0.01)
+    assert factory.resets == 2 and (first.name, "closed by client") in factory.destroyed
+
+
+async def test_a_refused_reset_destroys_the_sandbox(made: tuple[WarmPool, FakeFactory]) -> None:
+    pool, factory = made
+    factory.reset_answer = {"ok": False, "why": "2 processes survived SIGKILL"}
+    sb = await pool.acquire(1)
+    pool.release(sb, "closed by client", reuse=True)
+    await asyncio.sleep(0.01)
+    assert (sb.name, "recycling failed: reset refused: 2 processes survived SIGKILL") in factory.destroyed
+    assert pool.stats().recycle_failures_total == 1 and pool.stats().recycled_total == 0
+
+
+async def test_a_dead_sandbox_is_never_recycled(made: tuple[WarmPool, FakeFactory]) -> None:
+    pool, factory = made
+    sb = await pool.acquire(1)
+    sb.channel.die("container exited")  # type: ignore[attr-defined]
+    pool.release(sb, "closed by client", reuse=True)
+    await asyncio.sleep(0.01)
+    assert factory.resets == 0 and (sb.name, "closed by client") in factory.destroyed
+
+
+async def test_a_hand_off_to_a_waiter_never_creates_past_max_total() -> None:
+    """A sandbox handed to a waiting caller is leased at once: before, the moment between the
+    hand-off and the caller waking up let a refill see room that was not there."""
+    factory = FakeFactory()
+    spec = PoolSpec(name="one", container=ContainerSpec(image="img"), min_ready=1, max_total=1)
+    pool = WarmPool(spec, factory, limiter=CreateLimiter(4))  # type: ignore[arg-type]
+    runner = asyncio.create_task(pool.run())
+    try:
+        sb = await pool.acquire(1)  # waits: nothing was ready yet
+        await asyncio.sleep(0.02)
+        assert factory.made == 1 and pool.stats().creating == 0 and pool.stats().in_use == 1
+        pool.release(sb, "done")
+    finally:
+        await pool.close(timeout=5)
+        await runner
