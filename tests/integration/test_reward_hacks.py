@@ -81,10 +81,13 @@ FRAME_WALK = FORCE_PASS + (
 )
 
 
-@pytest.fixture(scope="module")
-async def hack_daemon(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
-    config = daemon_config(pools=[PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=12)])
-    async with running_daemon(config) as node:
+@pytest.fixture(scope="module", params=["fresh", "recycled"])
+async def hack_daemon(request: pytest.FixtureRequest, images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
+    """Every attack against a pool of fresh sandboxes, and against a recycling pool (read-only
+    root, commands as an unprivileged user, the clean room a reset sandbox)."""
+    recycled = {"read_only_root": True, "recycle": True} if request.param == "recycled" else {}
+    pool = PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=12, **recycled)
+    async with running_daemon(daemon_config(pools=[pool])) as node:
         yield node
 
 
@@ -273,7 +276,7 @@ async def test_hack_forging_guard_records_when_the_guard_cannot_load(hclient: As
     forge = (
         "import glob, hashlib, hmac, json, os\n"
         "def _forge():\n"
-        "    for path in glob.glob('/.rlsandbox-grade-*/guard.json'):\n"
+        "    for path in glob.glob('/.rlsandbox-grade-*/guard.json') + glob.glob('/tmp/.rlsandbox-grade-*/guard.json'):\n"
         "        key = bytes.fromhex(json.load(open(path))['key'])\n"
         f"        ids = {[*ev.fail_to_pass, *ev.pass_to_pass]!r}\n"
         "        recs = [('start', 1, '3.11')]\n"

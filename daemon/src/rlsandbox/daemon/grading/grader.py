@@ -40,7 +40,7 @@ from rlsandbox.daemon.grading.rewards import (
 from rlsandbox.daemon.grading.room import AgentsMess, TaskSetupFailed, file_data, plan_room
 from rlsandbox.daemon.grading.shadowing import PROBE, ImportFacts, interpreters
 from rlsandbox.daemon.grading.task import Task
-from rlsandbox.daemon.grading.workspace import changes_tar, snapshot_from_archive
+from rlsandbox.daemon.grading.workspace import changes_tar, owned_tar, snapshot_from_archive
 from rlsandbox.daemon.model import ExecRequest, ExecResult, FileWrite, MiB
 from rlsandbox.daemon.pool import WarmPool
 from rlsandbox.daemon.runtime.docker import DockerRuntime
@@ -90,6 +90,22 @@ class Grader:
         self.graded_total = 0
         self.infra_errors_total = 0
 
+    def _owner(self, sandbox: Sandbox) -> tuple[int, int] | None:
+        """(uid, gid) the sandbox's commands run as, when not root (recycling pools)."""
+        pool = self.pools.get(sandbox.pool)
+        run_as = pool.spec.container.run_as if pool is not None else ""
+        if not run_as:
+            return None
+        uid, _, gid = run_as.partition(":")
+        return int(uid), int(gid or uid)
+
+    async def _put(self, sandbox: Sandbox, path: str, tar: bytes) -> None:
+        """Extract ``tar`` into ``path`` through the engine, owned by the sandbox's user."""
+        owner = self._owner(sandbox)
+        if owner is not None:
+            tar = await asyncio.to_thread(owned_tar, tar, *owner)
+        await self.runtime.put_archive(sandbox.container_id, path, tar)
+
     # -- preparation ----------------------------------------------------------------------------
     async def prepare(self, sandbox: Sandbox, task: Task, *, reset_git: bool = True) -> None:
         """Put the task's workspace in place and run its setup commands.
@@ -101,7 +117,7 @@ class Grader:
         if ws.source == "bundle":
             await self._run(sandbox, ExecRequest(argv=("mkdir", "-p", ws.path), timeout=STEP_TIMEOUT), "create the workspace")
             if task.workspace_tar:
-                await self.runtime.put_archive(sandbox.container_id, ws.path, task.workspace_tar)
+                await self._put(sandbox, ws.path, task.workspace_tar)
         if reset_git and ws.git == "reset":
             # One commit, the base: whatever history the workspace had (with the fix in it) is gone.
             git = " ".join(shlex.quote(a) for a in GIT_IDENTITY)
@@ -183,7 +199,7 @@ class Grader:
                     chunk = tuple(posixpath.join(ws, p) for p in changes.deletes[i : i + 500])
                     await self._infra(room, ExecRequest(argv=("rm", "-rf", "--", *chunk), timeout=STEP_TIMEOUT), "delete files")
             if planned.tar:
-                await self.runtime.put_archive(room.container_id, ws, planned.tar)
+                await self._put(room, ws, planned.tar)
             changed = [posixpath.join(ws, p) for p, e in changes.writes.items() if e.type == "file" and p not in patch_targets]
             result = await self._evaluate(room, task, facts=facts, changed=changed, detected=planned.findings)
             result.tampering = changes.discarded + result.tampering
@@ -218,7 +234,7 @@ class Grader:
                 found = ImportFacts.parse(run.stdout)
             except (ValueError, KeyError, IndexError):
                 continue
-            facts = found if facts is None else ImportFacts(facts.reserved | found.reserved, facts.pytest_dir or found.pytest_dir)
+            facts = found if facts is None else facts.merged(found)
         if len(self._facts) >= FACTS_CACHE:
             self._facts.pop(next(iter(self._facts)))
         self._facts[key] = facts
@@ -243,7 +259,7 @@ class Grader:
                 return GradeResult(GradeStatus.INVALID_TASK, None, f"the test patch does not apply: {e}")
             files.update({p: d for p, (d, _) in patched.items() if d is not None})
         if files:
-            await self.runtime.put_archive(agent.container_id, ws, changes_tar({}, files))
+            await self._put(agent, ws, changes_tar({}, files))
         # The naive baseline on purpose: no guard, no shadowing rules (the agent owns this sandbox's
         # interpreter and site-packages anyway). Tests use it to prove that each attack works.
         return await self._evaluate(agent, task, facts=None, changed=[], detected=[])
@@ -270,22 +286,32 @@ class Grader:
         report, compute the reward. ``detected``: tampering found before the run."""
         ws = task.spec.workspace.path
         ev = task.spec.evaluation
-        # The report goes where the agent never had a sandbox and never saw the name.
-        report_dir = f"/.rlsandbox-grade-{secrets.token_hex(8)}"
+        # The report goes where the agent never had a sandbox and never saw the name (/tmp on a
+        # read-only root, where commands run as the sandbox's user: recycling pools).
+        owned = self._owner(room) is not None
+        report_dir = f"{'/tmp' if owned else ''}/.rlsandbox-grade-{secrets.token_hex(8)}"
         report_path = f"{report_dir}/report"
         command = ev.test_command.replace("{report}", shlex.quote(report_path))
         env = {**ev.env, **GRADE_ENV}
         mkdir = ExecRequest(argv=("mkdir", "-m", "700", "-p", report_dir), timeout=STEP_TIMEOUT)
         await self._infra(room, mkdir, "create the report folder")
         guard = None
+        if owned and facts is not None and not facts.user_site:
+            facts = None  # nowhere to load the guard from on a read-only root: its absence is reported
         if facts is not None and facts.pytest_dir and ev.report_format in PYTEST_FORMATS:
             # Written by the room's own agent: no code of the agent's workspace has run yet (an
             # archive upload through the engine costs ~100 ms more).
             guard = guard_setup(report_dir)
-            env.update(guard.env(ev.env))
+            # Next to the image's pytest; on a read-only root, in a user site-packages inside the
+            # report folder (PYTHONUSERBASE: an inline PYTHONPATH= in the command cannot drop it;
+            # the room's /tmp is fresh, so no other user site exists there).
+            module_dir = posixpath.join(report_dir, facts.user_site) if owned else facts.pytest_dir
+            env.update(guard.env(ev.env, report_dir if owned else None))
+            if owned:
+                env.pop("PYTHONNOUSERSITE", None)  # any value disables the user site the guard is in
             written = await room.write_files(
                 [
-                    FileWrite(posixpath.join(facts.pytest_dir, guard.module + ".py"), GUARD_SOURCE, 0o644),
+                    FileWrite(posixpath.join(module_dir, guard.module + ".py"), GUARD_SOURCE, 0o644),
                     FileWrite(guard.config_path, guard.config(ws, changed), 0o600),
                 ]
             )
@@ -300,7 +326,7 @@ class Grader:
         if ev.report_format in OUTPUT_FORMATS:
             data = stdout + b"\n" + stderr
         else:
-            data = await self._read(room, report_path)
+            data = await self._read(room, report_path, owned)
         exit_code = run.exit_code if not run.timed_out else None
         report = parse_report(ev.report_format, data, exit_code=exit_code, root=ws)
         problems = list(report.problems)
@@ -311,7 +337,7 @@ class Grader:
             # The guard deletes its key file as it loads, before any workspace code runs. A key
             # file still there means no guard loaded, and the code under test could read the
             # key: records are then not trusted, whatever they say.
-            key_left = await self._exists(room, guard.config_path) if checked.started else True
+            key_left = await self._exists(room, guard.config_path, owned) if checked.started else True
             if key_left and checked.started:
                 detected.append("signed pytest-guard records appeared although the guard never loaded: forged")
             if checked.started and not key_left:
@@ -366,15 +392,23 @@ class Grader:
         result.message = "; ".join(problems)
         return result
 
-    async def _exists(self, room: Sandbox, path: str) -> bool:
-        """Whether ``path`` exists in the room, asked of the engine (not of anything in the room)."""
+    async def _exists(self, room: Sandbox, path: str, owned: bool) -> bool:
+        """Whether ``path`` exists in the room, asked of the engine (not of anything in the room).
+        With ``owned`` (the room's commands run as another user, the agent is out of their reach)
+        the agent answers: the engine's archive API does not see tmpfs mounts such as /tmp."""
         try:
+            if owned:
+                [st] = await room.channel.stat([path], 10.0)
+                return st.exists
             return await self.runtime.stat_path(room.container_id, path) is not None
         except SandboxError:
             return False
 
-    async def _read(self, room: Sandbox, path: str) -> bytes:
+    async def _read(self, room: Sandbox, path: str, owned: bool) -> bytes:
         try:
+            if owned:
+                [got] = await room.read_files([path], MAX_REPORT_BYTES)
+                return got.data if got.error is None else b""
             data, _ = await self.runtime.get_file(room.container_id, path, MAX_REPORT_BYTES)
             return data
         except (SandboxError, IsADirectoryError):

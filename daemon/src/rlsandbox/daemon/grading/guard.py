@@ -37,9 +37,14 @@ class GuardSetup:
         doc = {"key": self.key.hex(), "workspace": workspace, "changed": sorted(changed)}
         return json.dumps(doc).encode()
 
-    def env(self, task_env: dict[str, str]) -> dict[str, str]:
+    def env(self, task_env: dict[str, str], user_base: str | None = None) -> dict[str, str]:
+        """The test command's environment additions; ``user_base``: the guard module is in the
+        user site-packages of this PYTHONUSERBASE (not next to pytest: a read-only root)."""
         addopts = task_env.get("PYTEST_ADDOPTS", "")
-        return {"PYTEST_ADDOPTS": f"-p {self.module} {addopts}".strip(), CFG_ENV: self.config_path}
+        env = {"PYTEST_ADDOPTS": f"-p {self.module} {addopts}".strip(), CFG_ENV: self.config_path}
+        if user_base is not None:
+            env["PYTHONUSERBASE"] = user_base
+        return env
 
 
 def guard_setup(report_dir: str) -> GuardSetup:

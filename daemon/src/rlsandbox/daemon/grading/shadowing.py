@@ -46,7 +46,13 @@ try:
     pytest_dir = os.path.dirname(os.path.dirname(os.path.realpath(_pytest.__file__)))
 except Exception:
     pass
-print(json.dumps({"names": sorted(names), "pytest_dir": pytest_dir}))
+user_site = ""
+try:
+    import site
+    user_site = os.path.relpath(site.getusersitepackages(), site.getuserbase())
+except Exception:
+    pass
+print(json.dumps({"names": sorted(names), "pytest_dir": pytest_dir, "user_site": user_site}))
 """
 
 _IMPORT_SUFFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\.py|\.pyc|\.pyw|\.so|\.pyd|\.[A-Za-z0-9_-]+\.so|\.abi3\.so)$")
@@ -61,11 +67,17 @@ class ImportFacts:
 
     reserved: frozenset[str]
     pytest_dir: str = ""
+    user_site: str = ""  # the user site-packages relative to PYTHONUSERBASE ("lib/python3.11/site-packages")
 
     @classmethod
     def parse(cls, stdout: bytes) -> ImportFacts:
         doc = json.loads(stdout.decode("utf-8").strip().splitlines()[-1])
-        return cls(frozenset(str(n) for n in doc["names"]), str(doc.get("pytest_dir") or ""))
+        names = frozenset(str(n) for n in doc["names"])
+        return cls(names, str(doc.get("pytest_dir") or ""), str(doc.get("user_site") or ""))
+
+    def merged(self, other: ImportFacts) -> ImportFacts:
+        """The facts of two interpreters the command names: every reserved name, the first paths."""
+        return ImportFacts(self.reserved | other.reserved, self.pytest_dir or other.pytest_dir, self.user_site or other.user_site)
 
 
 def interpreters(test_command: str) -> list[str]:

@@ -232,3 +232,15 @@ def changes_tar(writes: dict[str, Entry], extra_files: dict[str, bytes] | None =
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
+
+
+def owned_tar(tar: bytes, uid: int, gid: int) -> bytes:
+    """``tar`` with every member owned by ``uid:gid`` (the engine extracts members with the
+    ownership their headers say): for pools whose commands run as an unprivileged user."""
+    src = io.BytesIO(tar)
+    out = io.BytesIO()
+    with tarfile.open(fileobj=src, mode="r:*") as inp, tarfile.open(fileobj=out, mode="w") as dst:
+        for member in inp:
+            member.uid, member.gid, member.uname, member.gname = uid, gid, "", ""
+            dst.addfile(member, inp.extractfile(member) if member.isreg() else None)
+    return out.getvalue()

@@ -34,10 +34,6 @@ from rlsandbox.daemon.session.state import ENDED, Session, SessionOptions, Sessi
 log = logging.getLogger(__name__)
 
 TOMBSTONES = 100_000
-_NO_TASKS_IN_RECYCLING = (
-    "pool {pool} recycles its sandboxes (read-only root, commands as an unprivileged user), which task "
-    "workspaces and clean-room grading do not support yet; run tasks in a pool without recycle"
-)
 BIG_STDIN = 1 << 20  # bytes: hashing more than this for step dedup happens off the event loop
 
 
@@ -174,8 +170,6 @@ class SessionManager:
             )
         if options.task is not None and self.grader is None:
             raise FailedPrecondition("this node has no grader; it cannot start sessions from tasks")
-        if options.task is not None and pool.spec.recycle:
-            raise FailedPrecondition(_NO_TASKS_IN_RECYCLING.format(pool=pool.name), pool=pool.name)
         if options.task is not None and "task" not in options.labels:
             options = replace(options, labels={**options.labels, "task": options.task.id})
         session = Session(f"{self.node_id}-{secrets.token_hex(8)}", options, pool)
@@ -307,8 +301,6 @@ class SessionManager:
             raise FailedPrecondition(f"session {session_id} was not started from a task; pass the task to grade against")
         if self.grader is None:
             raise FailedPrecondition("this node has no grader")
-        if session.pool.spec.recycle:
-            raise FailedPrecondition(_NO_TASKS_IN_RECYCLING.format(pool=session.pool.name), pool=session.pool.name)
         if task.spec.pool != session.pool.name:
             raise InvalidArgument(f"the task runs in pool {task.spec.pool!r}, the session is in {session.pool.name!r}")
         async with self._busy(session_id) as (_, sandbox):
