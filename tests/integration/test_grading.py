@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers import daemon_config, running_daemon
-from rlsandbox.client import AsyncClient, AsyncSession, InvalidArgumentError
+from rlsandbox.client import AsyncClient, AsyncSession, InvalidArgumentError, NotFoundError
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.grading.task import RewardSpec, Task, load_tasks
 from rlsandbox.daemon.grading.validate import summary_table, validate, write_cleaned
@@ -313,7 +313,9 @@ async def test_validation_accepts_good_tasks_and_rejects_broken_ones(gclient: As
     assert verdicts["node-strings"].verdict == "valid", verdicts["node-strings"].problems
     assert verdicts["py-broken"].verdict == "gold_fails"
     assert "tests/test_area.py::test_square" in verdicts["py-broken"].problems[0]
-    assert all(v.infra_errors == 0 and v.runs == 4 for v in report.tasks)
+    assert all(v.infra_errors == 0 and v.runs == 4 for v in report.tasks), [
+        (v.task_id, v.infra_errors, v.runs, v.problems) for v in report.tasks
+    ]
     assert "py-broken" in summary_table(report)
 
 
@@ -396,3 +398,39 @@ async def test_custom_reward_command(gclient: AsyncClient, tasks: dict[str, Task
     assert (before.status, before.reward) == ("ok", 0.1)
     assert (after.status, after.reward) == ("ok", 0.75)
     assert failing.status == "invalid_task" and failing.reward is None and "no number" in failing.message
+
+
+async def test_prefetched_sandboxes_start_sessions_and_clean_rooms(
+    grading_daemon: NodeDaemon, gclient: AsyncClient, tasks: dict[str, Task]
+) -> None:
+    """Prefetch keeps sandboxes prepared for a task: a session from the task (by ref, no workspace
+    sent again, or the whole task) and its clean room are hand-outs of them, and grading is as
+    right as with fresh ones."""
+    calc = tasks["py-calc"]
+    prefetcher = grading_daemon.sessions.prefetcher
+    info = await gclient.prefetch(calc, 3, ttl=60)
+    assert info.target == 3 and info.ref.startswith("py-calc@")
+    for _ in range(600):
+        info = await gclient.prefetch(info, 3, ttl=60)  # asking again by ref keeps the same target
+        if info.ready == 3:
+            break
+        await asyncio.sleep(0.05)
+    assert info.ready == 3, info
+    before = prefetcher.handed_out_total
+    async with gclient.session(task=info) as s:  # by ref
+        assert s.info.task_id == "py-calc"
+        assert "def multiply" in (await s.exec("cat calc/__init__.py")).stdout_text  # the workspace is there
+        assert (await s.exec("git log --oneline | wc -l")).stdout == b"1\n"  # history reset
+        unsolved = await s.grade()
+        await solve_calc(s)
+        solved = await s.grade()
+    assert (unsolved.reward, solved.reward) == (0.0, 1.0), (unsolved.message, solved.message)
+    # The session and both clean rooms were prepared sandboxes (refills keep the target meanwhile).
+    assert prefetcher.handed_out_total - before == 3
+    async with gclient.session(task=calc) as s:  # the whole task: found by its digest
+        assert s.info.task_id == "py-calc"
+    assert prefetcher.handed_out_total - before == 4
+    stopped = await gclient.prefetch(info, 0)
+    assert stopped.target == 0
+    with pytest.raises(NotFoundError, match="unknown on this node"):
+        await gclient.create_session(task=type(info)("py-calc@0000", 0, 0, 0, ""))

@@ -52,9 +52,10 @@ async def test_hundred_concurrent_acquires_with_min_ready_twenty(
         outputs = await asyncio.gather(*(s.exec(ExecRequest(argv=("echo", s.name))) for s in sandboxes))
         assert [o.stdout for o in outputs] == [f"{s.name}\n".encode() for s in sandboxes]
         for s in sandboxes:
-            pool.release(s)
-        # Refill brings the pool back to min_ready with fresh sandboxes.
-        await wait_for(lambda: pool.stats().ready == 20, 60)
+            pool.release(s)  # returns at once: removal happens behind it
+        assert pool.stats().in_use == 0 and pool.stats().destroying > 0
+        # Removal finishes and refill brings the pool back to min_ready with fresh sandboxes.
+        await wait_for(lambda: pool.stats().ready == 20 and pool.stats().destroying == 0, 60)
         stats = pool.stats()
         assert stats.in_use == 0 and stats.destroyed_total == 100 and stats.created_total >= 120
 
@@ -68,6 +69,7 @@ async def test_released_sandbox_is_destroyed_never_reused(
         first = await pool.acquire(timeout=60)
         await first.exec(ExecRequest(shell="echo dirty > /tmp/state"))
         pool.release(first)
+        await wait_for(lambda: pool.stats().destroying == 0, 60)
         assert await docker_runtime.list_containers({"rlsandbox.pool": "noreuse", LABEL_OWNER: docker_runtime.owner})
         ids = {c.id for c in await docker_runtime.list_containers({"rlsandbox.pool": "noreuse"})}
         assert first.container_id not in ids, "released sandbox still exists"

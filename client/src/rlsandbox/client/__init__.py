@@ -31,6 +31,7 @@ from rlsandbox.client._types import (
     GradeResult,
     NodeStatus,
     PoolStatus,
+    PrefetchInfo,
     SessionInfo,
     TestOutcome,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "NodeStatus",
     "NotFoundError",
     "PoolStatus",
+    "PrefetchInfo",
     "ResourceExhaustedError",
     "SandboxAbortedError",
     "SandboxRPCError",

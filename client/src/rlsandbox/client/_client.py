@@ -17,9 +17,10 @@ from rlsandbox.client._requests import (
     create_session_request,
     evaluate_request,
     exec_request,
+    task_message,
     write_files_request,
 )
-from rlsandbox.client._types import BatchCommand, ExecResult, FileData, GradeResult, NodeStatus, SessionInfo
+from rlsandbox.client._types import BatchCommand, ExecResult, FileData, GradeResult, NodeStatus, PrefetchInfo, SessionInfo
 from rlsandbox.v1 import sandbox_pb2 as pb
 from rlsandbox.v1 import sandbox_pb2_grpc
 
@@ -181,6 +182,15 @@ class AsyncClient:
         """Grade a session (see :meth:`AsyncSession.grade`)."""
         request = evaluate_request(session_id, task=task, mode=mode, timeout=timeout)
         return GradeResult.from_pb(await self._call("Evaluate", request))
+
+    async def prefetch(self, task: Any, count: int, *, ttl: float = 0.0) -> PrefetchInfo:
+        """Have the node keep ``count`` sandboxes prepared for ``task`` (its workspace, git reset and
+        setup done), replacing those taken, until ``ttl`` seconds (0: the node's default) after the
+        task was last asked for. Sessions from the task (pass the returned info as ``task=``) and
+        their clean rooms then start from a prepared sandbox. ``count=0`` stops it."""
+        request = pb.PrefetchRequest(task=task_message(task), count=count, ttl=ttl)
+        r = await self._call("Prefetch", request)
+        return PrefetchInfo(r.ref, r.ready, r.preparing, r.target, r.last_error)
 
     async def node_status(self) -> NodeStatus:
         """Pools (ready, in use, creating, failures), sessions, capacity, load, version, events."""

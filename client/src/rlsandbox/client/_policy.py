@@ -55,6 +55,7 @@ POLICIES: dict[str, CallPolicy] = {
     "ListSessions": CallPolicy(_none, _always),
     "Evaluate": CallPolicy(lambda r: r.timeout or GRADE_TIMEOUT, _always),
     "GetNodeStatus": CallPolicy(_none, _always),
+    "Prefetch": CallPolicy(_none, _always),  # sets a target: asking twice is asking once
 }
 
 

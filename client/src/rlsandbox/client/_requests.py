@@ -29,7 +29,8 @@ class ExecOptions(TypedDict, total=False):
 
 class SessionOptions(TypedDict, total=False):
     """Keyword options of ``create_session``: task (a session from a task: its workspace, setup
-    and pool; a spec mapping or JSON string, ``(spec, workspace_tar)``, or a loaded Task), env,
+    and pool; a spec mapping or JSON string, ``(spec, workspace_tar)``, a loaded Task, or the
+    PrefetchInfo of a prefetched task), env,
     workdir, idle_timeout and max_lifetime (seconds; 0: the node's default), labels,
     idempotency_key (a retried create returns the same session), acquire_timeout (seconds to
     wait for a sandbox)."""
@@ -111,6 +112,8 @@ def task_message(task: Any) -> pb.Task:
     mapping (workspace in the image, or pass ``(spec, workspace_tar)``)."""
     if isinstance(task, pb.Task):
         return task
+    if isinstance(getattr(task, "ref", None), str) and not hasattr(task, "spec_json"):
+        return pb.Task(ref=task.ref)  # a PrefetchInfo: the node knows the task by its ref
     if isinstance(task, tuple) and len(task) == 2:
         spec, tar = task
         return pb.Task(spec_json=spec if isinstance(spec, str) else json.dumps(spec), workspace_tar=bytes(tar))

@@ -19,9 +19,10 @@ from rlsandbox.client._requests import (
     create_session_request,
     evaluate_request,
     exec_request,
+    task_message,
     write_files_request,
 )
-from rlsandbox.client._types import BatchCommand, ExecResult, FileData, GradeResult, NodeStatus, SessionInfo
+from rlsandbox.client._types import BatchCommand, ExecResult, FileData, GradeResult, NodeStatus, PrefetchInfo, SessionInfo
 from rlsandbox.v1 import sandbox_pb2 as pb
 from rlsandbox.v1 import sandbox_pb2_grpc
 
@@ -119,6 +120,15 @@ class Client:
 
     def evaluate(self, session_id: str, *, task: Any = None, mode: str = "clean_room", timeout: float = 0.0) -> GradeResult:
         return GradeResult.from_pb(self._call("Evaluate", evaluate_request(session_id, task=task, mode=mode, timeout=timeout)))
+
+    def prefetch(self, task: Any, count: int, *, ttl: float = 0.0) -> PrefetchInfo:
+        """Have the node keep ``count`` sandboxes prepared for ``task`` (its workspace, git reset and
+        setup done), replacing those taken, until ``ttl`` seconds (0: the node's default) after the
+        task was last asked for. Sessions from the task (pass the returned info as ``task=``) and
+        their clean rooms then start from a prepared sandbox. ``count=0`` stops it."""
+        request = pb.PrefetchRequest(task=task_message(task), count=count, ttl=ttl)
+        r = self._call("Prefetch", request)
+        return PrefetchInfo(r.ref, r.ready, r.preparing, r.target, r.last_error)
 
     def node_status(self) -> NodeStatus:
         return NodeStatus.from_pb(self._call("GetNodeStatus", pb.GetNodeStatusRequest()))

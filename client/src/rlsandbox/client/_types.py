@@ -183,6 +183,22 @@ class PoolStatus:
     last_error: str
     acquired_total: int
     acquired_waited_total: int  # hand-outs that had to wait for a sandbox (pool misses)
+    destroying: int  # released sandboxes on their way out
+    recycling: int  # released sandboxes being reset for the next episode (recycling pools)
+    recycled_total: int
+    recycle_failures_total: int
+
+
+@dataclass(frozen=True)
+class PrefetchInfo:
+    """What a node keeps prepared for a task. Pass it (or its ``ref``) as ``task=`` to start
+    sessions from the task without sending its workspace again."""
+
+    ref: str
+    ready: int
+    preparing: int
+    target: int
+    last_error: str
 
 
 @dataclass(frozen=True)

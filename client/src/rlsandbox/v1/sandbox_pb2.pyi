@@ -32,12 +32,38 @@ EVALUATE_MODE_CLEAN_ROOM: EvaluateMode
 EVALUATE_MODE_IN_PLACE: EvaluateMode
 
 class Task(_message.Message):
-    __slots__ = ("spec_json", "workspace_tar")
+    __slots__ = ("spec_json", "workspace_tar", "ref")
     SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_TAR_FIELD_NUMBER: _ClassVar[int]
+    REF_FIELD_NUMBER: _ClassVar[int]
     spec_json: str
     workspace_tar: bytes
-    def __init__(self, spec_json: _Optional[str] = ..., workspace_tar: _Optional[bytes] = ...) -> None: ...
+    ref: str
+    def __init__(self, spec_json: _Optional[str] = ..., workspace_tar: _Optional[bytes] = ..., ref: _Optional[str] = ...) -> None: ...
+
+class PrefetchRequest(_message.Message):
+    __slots__ = ("task", "count", "ttl")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    count: int
+    ttl: float
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., count: _Optional[int] = ..., ttl: _Optional[float] = ...) -> None: ...
+
+class PrefetchResponse(_message.Message):
+    __slots__ = ("ref", "ready", "preparing", "target", "last_error")
+    REF_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    PREPARING_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    ref: str
+    ready: int
+    preparing: int
+    target: int
+    last_error: str
+    def __init__(self, ref: _Optional[str] = ..., ready: _Optional[int] = ..., preparing: _Optional[int] = ..., target: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
     __slots__ = ("pool", "env", "workdir", "idle_timeout", "max_lifetime", "labels", "idempotency_key", "acquire_timeout", "task")
@@ -321,7 +347,7 @@ class GetNodeStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PoolStatus(_message.Message):
-    __slots__ = ("name", "image", "ready", "in_use", "creating", "waiting", "min_ready", "max_total", "created_total", "failed_total", "consecutive_failures", "last_error", "oci_runtime", "acquired_total", "acquired_waited_total")
+    __slots__ = ("name", "image", "ready", "in_use", "creating", "waiting", "min_ready", "max_total", "created_total", "failed_total", "consecutive_failures", "last_error", "oci_runtime", "acquired_total", "acquired_waited_total", "destroying", "recycling", "recycled_total", "recycle_failures_total")
     NAME_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
@@ -337,6 +363,10 @@ class PoolStatus(_message.Message):
     OCI_RUNTIME_FIELD_NUMBER: _ClassVar[int]
     ACQUIRED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     ACQUIRED_WAITED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DESTROYING_FIELD_NUMBER: _ClassVar[int]
+    RECYCLING_FIELD_NUMBER: _ClassVar[int]
+    RECYCLED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RECYCLE_FAILURES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     name: str
     image: str
     ready: int
@@ -352,7 +382,11 @@ class PoolStatus(_message.Message):
     oci_runtime: str
     acquired_total: int
     acquired_waited_total: int
-    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., ready: _Optional[int] = ..., in_use: _Optional[int] = ..., creating: _Optional[int] = ..., waiting: _Optional[int] = ..., min_ready: _Optional[int] = ..., max_total: _Optional[int] = ..., created_total: _Optional[int] = ..., failed_total: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., last_error: _Optional[str] = ..., oci_runtime: _Optional[str] = ..., acquired_total: _Optional[int] = ..., acquired_waited_total: _Optional[int] = ...) -> None: ...
+    destroying: int
+    recycling: int
+    recycled_total: int
+    recycle_failures_total: int
+    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., ready: _Optional[int] = ..., in_use: _Optional[int] = ..., creating: _Optional[int] = ..., waiting: _Optional[int] = ..., min_ready: _Optional[int] = ..., max_total: _Optional[int] = ..., created_total: _Optional[int] = ..., failed_total: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., last_error: _Optional[str] = ..., oci_runtime: _Optional[str] = ..., acquired_total: _Optional[int] = ..., acquired_waited_total: _Optional[int] = ..., destroying: _Optional[int] = ..., recycling: _Optional[int] = ..., recycled_total: _Optional[int] = ..., recycle_failures_total: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
     __slots__ = ("node_id", "version", "pools", "sessions", "max_sessions", "docker_reachable", "serving", "load1", "uptime", "execs_total", "events")

@@ -89,6 +89,11 @@ class SandboxServiceStub:
                 request_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.EvaluateRequest.SerializeToString,
                 response_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.GradeResult.FromString,
                 _registered_method=True)
+        self.Prefetch = channel.unary_unary(
+                '/rlsandbox.v1.SandboxService/Prefetch',
+                request_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.PrefetchRequest.SerializeToString,
+                response_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.PrefetchResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -168,6 +173,16 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Prefetch(self, request, context):
+        """Keeps `count` sandboxes prepared for a task (its workspace in place, git history reset, setup
+        run), replacing those taken, until `ttl` seconds after the task was last asked for: a
+        CreateSession with the task (or its `ref`) is then a hand-out, and its clean rooms too.
+        Prepared sandboxes count against the node's prefetch budget.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -225,6 +240,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.Evaluate,
                     request_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.EvaluateRequest.FromString,
                     response_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.GradeResult.SerializeToString,
+            ),
+            'Prefetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prefetch,
+                    request_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.PrefetchRequest.FromString,
+                    response_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.PrefetchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -524,6 +544,33 @@ class SandboxService:
             '/rlsandbox.v1.SandboxService/Evaluate',
             rlsandbox_dot_v1_dot_sandbox__pb2.EvaluateRequest.SerializeToString,
             rlsandbox_dot_v1_dot_sandbox__pb2.GradeResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prefetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlsandbox.v1.SandboxService/Prefetch',
+            rlsandbox_dot_v1_dot_sandbox__pb2.PrefetchRequest.SerializeToString,
+            rlsandbox_dot_v1_dot_sandbox__pb2.PrefetchResponse.FromString,
             options,
             channel_credentials,
             insecure,

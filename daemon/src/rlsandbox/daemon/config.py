@@ -129,6 +129,8 @@ class DaemonConfig(BaseModel):
     shutdown_cleanup: float = Field(20.0, ge=1)
     reconcile_interval: float = Field(60.0, gt=0)
     reap_interval: float = Field(1.0, gt=0)
+    max_prefetched: int = Field(64, ge=0)
+    prefetch_ttl: float = Field(600.0, gt=0)
     log_level: str = "INFO"
     # Authentication: TLS on the TCP listener, bearer tokens (one per line) required over TCP.
     tls_cert: str | None = None

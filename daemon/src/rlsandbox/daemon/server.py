@@ -92,6 +92,7 @@ class NodeDaemon:
             events_output_cap=config.events_output_cap if config.events_include_output else 0,
             events_confirm_timeout=config.events_confirm_timeout,
             journal=self.journal,
+            max_prefetched=config.max_prefetched,
         )
         self.reconciler = Reconciler(self.factory, interval=config.reconcile_interval)
         self.health = HealthServicer()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import posixpath
+from collections.abc import Callable
 
 from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.errors import InvalidArgument
@@ -11,6 +12,7 @@ from rlsandbox.daemon.grading.rewards import GradeResult
 from rlsandbox.daemon.grading.task import Task, TaskError
 from rlsandbox.daemon.model import ExecRequest, ExecResult, FileWrite
 from rlsandbox.daemon.session import Session, SessionOptions, SessionState
+from rlsandbox.daemon.session.prefetch import PrefetchState
 from rlsandbox.daemon.status import NodeStatus
 from rlsandbox.v1 import sandbox_pb2 as pb
 
@@ -52,16 +54,23 @@ def _env(env: dict[str, str], what: str) -> dict[str, str]:
     return env
 
 
-def task(t: pb.Task) -> Task:
-    """A task received over the API, validated (INVALID_ARGUMENT saying what is wrong)."""
+def task(t: pb.Task, known: Callable[[str], Task] | None = None) -> Task:
+    """A task received over the API, validated (INVALID_ARGUMENT saying what is wrong); a ``ref``
+    is looked up with ``known`` (NOT_FOUND when the node does not know it)."""
+    if t.ref:
+        if t.spec_json or t.workspace_tar:
+            raise InvalidArgument("a task is sent either as a ref or as spec_json (+ workspace_tar), not both")
+        if known is None:
+            raise InvalidArgument("a task ref is not accepted here; send the task itself")
+        return known(t.ref)
     try:
         return Task.from_wire(t.spec_json, t.workspace_tar)
     except TaskError as e:
         raise InvalidArgument(str(e)) from None
 
 
-def session_options(req: pb.CreateSessionRequest, config: DaemonConfig) -> SessionOptions:
-    the_task = task(req.task) if req.HasField("task") else None
+def session_options(req: pb.CreateSessionRequest, config: DaemonConfig, known: Callable[[str], Task]) -> SessionOptions:
+    the_task = task(req.task, known) if req.HasField("task") else None
     pool = req.pool
     if the_task is not None:
         if pool and pool != the_task.spec.pool:
@@ -74,6 +83,7 @@ def session_options(req: pb.CreateSessionRequest, config: DaemonConfig) -> Sessi
     return SessionOptions(
         pool=pool,
         task=the_task,
+        task_ref=req.task.ref if req.HasField("task") else "",
         env=_env(dict(req.env), "env"),
         workdir=req.workdir,
         idle_timeout=_seconds(req.idle_timeout, "idle_timeout", config.default_idle_timeout, config.max_idle_timeout),
@@ -265,6 +275,10 @@ def node_status(st: NodeStatus) -> pb.NodeStatus:
                 oci_runtime=p.oci_runtime,
                 acquired_total=p.stats.acquired_total,
                 acquired_waited_total=p.stats.acquired_waited_total,
+                destroying=p.stats.destroying,
+                recycling=p.stats.recycling,
+                recycled_total=p.stats.recycled_total,
+                recycle_failures_total=p.stats.recycle_failures_total,
             )
             for p in st.pools
         ],
@@ -276,4 +290,10 @@ def node_status(st: NodeStatus) -> pb.NodeStatus:
         uptime=st.uptime,
         execs_total=st.execs_total,
         events=events,
+    )
+
+
+def prefetch_response(state: PrefetchState) -> pb.PrefetchResponse:
+    return pb.PrefetchResponse(
+        ref=state.ref, ready=state.ready, preparing=state.preparing, target=state.target, last_error=state.last_error
     )

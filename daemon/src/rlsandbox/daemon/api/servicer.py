@@ -36,7 +36,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         self.status = status
 
     async def CreateSession(self, request: pb.CreateSessionRequest, context: grpc.aio.ServicerContext) -> pb.Session:
-        options = convert.session_options(request, self.config)
+        options = convert.session_options(request, self.config, self.sessions.prefetcher.known)
         if not self.docker_ok():
             # Its warm sandboxes may be dead without anyone knowing yet: hand out none.
             raise Unavailable(
@@ -136,6 +136,15 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             timeout = max(0.05, min(timeout or left, left - 0.1))
         session, used, result = await self.sessions.evaluate(request.session_id, task, mode=mode, timeout=timeout)
         return convert.grade_result(result, task_id=used.id, session_id=session.id)
+
+    async def Prefetch(self, request: pb.PrefetchRequest, context: grpc.aio.ServicerContext) -> pb.PrefetchResponse:
+        if not request.HasField("task"):
+            raise InvalidArgument("task is required: the task to prepare sandboxes for")
+        if request.ttl < 0 or request.ttl != request.ttl:
+            raise InvalidArgument(f"ttl must be >= 0 seconds (got {request.ttl})")
+        task = convert.task(request.task, self.sessions.prefetcher.known)
+        state = await self.sessions.prefetch(task, request.count, request.ttl or self.config.prefetch_ttl)
+        return convert.prefetch_response(state)
 
     async def GetNodeStatus(self, request: pb.GetNodeStatusRequest, context: grpc.aio.ServicerContext) -> pb.NodeStatus:
         return convert.node_status(self.status())

@@ -20,7 +20,7 @@ import secrets
 import shlex
 import tarfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from rlsandbox.daemon.errors import FailedPrecondition, FileTooLarge, SandboxError
 from rlsandbox.daemon.grading.guard import GUARD_SOURCE, PYTEST_FORMATS, guard_setup, read_guard_log, split_records
@@ -140,7 +140,15 @@ class Grader:
         return result
 
     # -- grading --------------------------------------------------------------------------------
-    async def grade(self, agent: Sandbox, task: Task, *, mode: str = "clean_room", timeout: float | None = None) -> GradeResult:
+    async def grade(
+        self,
+        agent: Sandbox,
+        task: Task,
+        *,
+        mode: str = "clean_room",
+        timeout: float | None = None,
+        rooms: Callable[[], Sandbox | None] | None = None,
+    ) -> GradeResult:
         """Grade the agent's sandbox against ``task``. Never raises for infrastructure trouble:
         that is a result with status infra_error and no reward."""
         started = time.monotonic()
@@ -149,7 +157,7 @@ class Grader:
                 if mode == "in_place":
                     result = await self._in_place(agent, task)
                 else:
-                    result = await self._clean_room(agent, task)
+                    result = await self._clean_room(agent, task, rooms)
         except TimeoutError:
             result = GradeResult(GradeStatus.TIMEOUT, None, f"grading did not finish within its deadline of {timeout:.1f} s")
         except TaskSetupFailed as e:
@@ -166,7 +174,8 @@ class Grader:
             log.warning("grading task %s: infra error: %s", task.id, result.message)
         return result
 
-    async def _clean_room(self, agent: Sandbox, task: Task) -> GradeResult:
+    async def _clean_room(self, agent: Sandbox, task: Task, rooms: Callable[[], Sandbox | None] | None) -> GradeResult:
+        """``rooms``: a sandbox already prepared for the task (session/prefetch.py), if one is ready."""
         pool = self.pools.get(agent.pool)
         if pool is None:  # pragma: no cover - a session's pool exists while the session does
             raise FailedPrecondition(f"pool {agent.pool} is gone")
@@ -175,9 +184,11 @@ class Grader:
             agent_archive = await self.runtime.get_archive(agent.container_id, ws, self.max_workspace_bytes)
         except FileTooLarge:
             return _agents_mess(f"the workspace {ws} is over the grading limit of {self.max_workspace_bytes >> 20} MiB")
-        room = await pool.acquire(self.acquire_timeout)
+        prepared = rooms() if rooms is not None else None
+        room = prepared or await pool.acquire(self.acquire_timeout)
         try:
-            await self.prepare(room, task, reset_git=False)
+            if prepared is None:
+                await self.prepare(room, task, reset_git=False)
             try:
                 facts, base_archive = await asyncio.gather(
                     self._probe(room, task), self.runtime.get_archive(room.container_id, ws, MAX_SNAPSHOT_BYTES)

@@ -28,6 +28,7 @@ from rlsandbox.daemon.model import ExecRequest, ExecResult, FileRead, FileWrite,
 from rlsandbox.daemon.sandbox import Sandbox
 from rlsandbox.daemon.session import recovery
 from rlsandbox.daemon.session.ports import SandboxPool
+from rlsandbox.daemon.session.prefetch import Prefetcher, PrefetchState, task_ref
 from rlsandbox.daemon.session.recorder import Recorder
 from rlsandbox.daemon.session.state import ENDED, Session, SessionOptions, SessionState, Tombstone, step_fingerprint
 
@@ -35,6 +36,10 @@ log = logging.getLogger(__name__)
 
 TOMBSTONES = 100_000
 BIG_STDIN = 1 << 20  # bytes: hashing more than this for step dedup happens off the event loop
+
+
+async def _no_grader(sandbox: Sandbox, task: Task) -> None:
+    raise FailedPrecondition("this node has no grader; it cannot prepare sandboxes for tasks")
 
 
 class SessionManager:
@@ -65,6 +70,7 @@ class SessionManager:
         events_output_cap: int = 0,
         events_confirm_timeout: float = 0.25,
         journal: SessionJournal | None = None,
+        max_prefetched: int = 64,
     ) -> None:
         self.node_id = node_id
         self.pools = pools
@@ -80,6 +86,7 @@ class SessionManager:
             output_cap=events_output_cap,
             confirm_timeout=events_confirm_timeout,
         )
+        self.prefetcher = Prefetcher(pools, grader.prepare if grader else _no_grader, budget=max_prefetched)
         self._tombstones: collections.OrderedDict[str, Tombstone] = collections.OrderedDict()
         self._by_key: dict[str, str] = {}
         self._accepting = True
@@ -172,12 +179,17 @@ class SessionManager:
             raise FailedPrecondition("this node has no grader; it cannot start sessions from tasks")
         if options.task is not None and "task" not in options.labels:
             options = replace(options, labels={**options.labels, "task": options.task.id})
+        if options.task is not None and not options.task_ref:
+            big = len(options.task.workspace_tar) >= BIG_STDIN
+            ref = await asyncio.to_thread(task_ref, options.task) if big else task_ref(options.task)
+            options = replace(options, task_ref=ref)
         session = Session(f"{self.node_id}-{secrets.token_hex(8)}", options, pool)
         self.admit(session)
         try:
-            session.sandbox = await pool.acquire(options.acquire_timeout)
+            prepared = self.prefetcher.take(options.task_ref) if options.task is not None else None
+            session.sandbox = prepared or await pool.acquire(options.acquire_timeout)
             try:
-                if options.task is not None:
+                if options.task is not None and prepared is None:
                     assert self.grader is not None
                     await self.grader.prepare(session.sandbox, options.task)
                 # Durable before the session is handed out: a crash right after must re-adopt it.
@@ -303,8 +315,12 @@ class SessionManager:
             raise FailedPrecondition("this node has no grader")
         if task.spec.pool != session.pool.name:
             raise InvalidArgument(f"the task runs in pool {task.spec.pool!r}, the session is in {session.pool.name!r}")
+        rooms = None
+        if task is session.options.task and session.options.task_ref:
+            ref = session.options.task_ref
+            rooms = lambda: self.prefetcher.take(ref)  # noqa: E731 - a clean room prepared ahead, if any
         async with self._busy(session_id) as (_, sandbox):
-            result = await self.grader.grade(sandbox, task, mode=mode, timeout=timeout)
+            result = await self.grader.grade(sandbox, task, mode=mode, timeout=timeout, rooms=rooms)
         self.recorder.graded(session, task.id, result)
         return session, task, result
 
@@ -317,7 +333,9 @@ class SessionManager:
             await self.reap()
 
     async def reap(self) -> None:
-        """One pass: end sessions whose sandbox died, close idle ones and those past their lifetime."""
+        """One pass: end sessions whose sandbox died, close idle ones and those past their lifetime;
+        prefetch targets past their deadline end."""
+        self.prefetcher.expire()
         now = time.monotonic()
         dead = {
             s: s.sandbox.channel.closed_reason or "its channel closed"
@@ -352,8 +370,17 @@ class SessionManager:
                 with contextlib.suppress(Exception):
                     await s.sandbox.channel.close(reason)
 
+    async def prefetch(self, task: Task, count: int, ttl: float | None) -> PrefetchState:
+        """Keep ``count`` sandboxes prepared for ``task`` (session/prefetch.py)."""
+        if self.grader is None:
+            raise FailedPrecondition("this node has no grader; it cannot prepare sandboxes for tasks")
+        if not self._accepting:
+            raise Unavailable("node is shutting down; prefetch on another node")
+        return self.prefetcher.prefetch(task, count, ttl)
+
     async def close_all(self, reason: str) -> None:
         self._stop.set()
+        await self.prefetcher.close()
         await asyncio.gather(*(self.close(sid, reason) for sid in list(self.sessions)), return_exceptions=True)
 
     # Last in the class: below it, ``list`` would name this method, not the type.

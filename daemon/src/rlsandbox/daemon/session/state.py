@@ -66,6 +66,7 @@ class SessionOptions:
     idempotency_key: str = ""
     acquire_timeout: float = 30.0
     task: Task | None = None
+    task_ref: str = ""  # the task's ref (session/prefetch.py), when known: prepared sandboxes are found by it
 
     def journal_form(self) -> dict[str, object]:
         """What the journal keeps of these options (the task is kept apart)."""

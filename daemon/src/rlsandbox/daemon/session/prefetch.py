@@ -1,0 +1,214 @@
+"""Task-warm sandboxes: sandboxes prepared for a task ahead of the sessions (and clean rooms) that
+will use it, so that starting one is a hand-out instead of a workspace copy, a git reset and the
+task's setup on the trainer's clock.
+
+``Prefetch(task, count, ttl)`` sets a target: the node keeps ``count`` sandboxes prepared for the
+task, replacing each one taken, until ``ttl`` seconds after the task was last asked for (a
+Prefetch, a CreateSession or a grade). Targets share one node-wide budget (``max_prefetched``):
+a request over it gets what is left. A prepared sandbox that waited past the deadline, or died,
+goes back to its pool (recycled there when the pool recycles). Tasks are known by a ``ref`` (its
+id and a digest of its spec and workspace), so that a trainer names a prefetched task without
+sending its workspace again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from rlsandbox.daemon.errors import NotFound, SandboxError
+from rlsandbox.daemon.grading.task import Task
+from rlsandbox.daemon.sandbox import Sandbox
+from rlsandbox.daemon.session.ports import SandboxPool
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL = 600.0
+KNOWN_TASKS = 4096  # tasks remembered by ref after their prefetch ended (least recently used go first)
+PREPARE_TIMEOUT = 600.0
+
+
+def task_ref(task: Task) -> str:
+    """``<id>@<digest>``: equal for the same spec and workspace, whoever sends them."""
+    h = hashlib.sha256(task.spec_json().encode())
+    h.update(b"\0")
+    h.update(task.workspace_tar)
+    return f"{task.id}@{h.hexdigest()[:20]}"
+
+
+@dataclass(slots=True)
+class _Warm:
+    task: Task
+    target: int = 0
+    deadline: float = 0.0
+    ttl: float = DEFAULT_TTL
+    ready: collections.deque[Sandbox] = field(default_factory=collections.deque)
+    preparing: int = 0
+    last_error: str = ""
+    failures: int = 0  # preparations failed in a row (a broken task stops being prepared)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefetchState:
+    ref: str
+    ready: int
+    preparing: int
+    target: int
+    last_error: str
+
+
+class Prefetcher:
+    """Args:
+    pools: where sandboxes come from (the task's pool).
+    prepare: puts a task's workspace in place and runs its setup (the grader's ``prepare``).
+    budget: prepared and preparing sandboxes node-wide, at most.
+    acquire_timeout: seconds to wait for a pool's sandbox while preparing.
+    """
+
+    MAX_FAILURES = 3
+
+    def __init__(
+        self,
+        pools: Mapping[str, SandboxPool],
+        prepare: Callable[[Sandbox, Task], object],
+        *,
+        budget: int = 64,
+        acquire_timeout: float = 60.0,
+    ) -> None:
+        self.pools = pools
+        self._prepare = prepare
+        self.budget = budget
+        self.acquire_timeout = acquire_timeout
+        self._warm: dict[str, _Warm] = {}
+        self._known: collections.OrderedDict[str, Task] = collections.OrderedDict()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self.handed_out_total = 0  # sessions and clean rooms that got a prepared sandbox
+        self.missed_total = 0  # asked for a prepared sandbox of a prefetched task, none was ready
+        self.expired_total = 0
+
+    # -- targets --------------------------------------------------------------------------------
+    def prefetch(self, task: Task, count: int, ttl: float | None = None) -> PrefetchState:
+        ref = task_ref(task)
+        pool = self.pools.get(task.spec.pool)
+        if pool is None:
+            raise NotFound(f"the task's pool {task.spec.pool!r} is not configured on this node", pool=task.spec.pool)
+        self.remember(ref, task)
+        warm = self._warm.get(ref)
+        if warm is None:
+            warm = self._warm[ref] = _Warm(task)
+        warm.ttl = ttl or warm.ttl
+        warm.deadline = time.monotonic() + warm.ttl
+        others = sum(w.target for r, w in self._warm.items() if r != ref)
+        warm.target = max(0, min(count, self.budget - others))
+        warm.failures = 0
+        self._fill(ref, warm)
+        return self.state(ref)
+
+    def state(self, ref: str) -> PrefetchState:
+        warm = self._warm.get(ref)
+        if warm is None:
+            return PrefetchState(ref, 0, 0, 0, "")
+        return PrefetchState(ref, len(warm.ready), warm.preparing, warm.target, warm.last_error)
+
+    def remember(self, ref: str, task: Task) -> None:
+        self._known[ref] = task
+        self._known.move_to_end(ref)
+        while len(self._known) > KNOWN_TASKS:
+            old, _ = self._known.popitem(last=False)
+            if old in self._warm:  # still kept warm: keep knowing it
+                self._known[old] = self._warm[old].task
+
+    def known(self, ref: str) -> Task:
+        task = self._known.get(ref)
+        if task is None:
+            raise NotFound(
+                f"task ref {ref!r} is unknown on this node (never prefetched here, or forgotten); send the task itself"
+            )
+        self._known.move_to_end(ref)
+        return task
+
+    # -- hand-outs ------------------------------------------------------------------------------
+    def take(self, ref: str) -> Sandbox | None:
+        """A sandbox prepared for the task, or None; asking counts as use (the deadline moves)."""
+        warm = self._warm.get(ref)
+        if warm is None:
+            return None
+        warm.deadline = time.monotonic() + warm.ttl
+        while warm.ready:
+            sandbox = warm.ready.popleft()
+            if sandbox.alive:
+                self.handed_out_total += 1
+                self._fill(ref, warm)
+                return sandbox
+            self._pool(warm).release(sandbox, "died while prepared for its task")
+        self.missed_total += 1
+        self._fill(ref, warm)
+        return None
+
+    @property
+    def prepared(self) -> int:
+        return sum(len(w.ready) + w.preparing for w in self._warm.values())
+
+    # -- filling --------------------------------------------------------------------------------
+    def _pool(self, warm: _Warm) -> SandboxPool:
+        return self.pools[warm.task.spec.pool]
+
+    def _fill(self, ref: str, warm: _Warm) -> None:
+        if self._closing or warm.failures >= self.MAX_FAILURES:
+            return
+        for _ in range(max(0, warm.target - len(warm.ready) - warm.preparing)):
+            warm.preparing += 1
+            task = asyncio.get_running_loop().create_task(self._prepare_one(ref, warm), name=f"prefetch-{ref}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _prepare_one(self, ref: str, warm: _Warm) -> None:
+        pool = self._pool(warm)
+        sandbox: Sandbox | None = None
+        try:
+            sandbox = await pool.acquire(self.acquire_timeout)
+            async with asyncio.timeout(PREPARE_TIMEOUT):
+                await self._prepare(sandbox, warm.task)  # type: ignore[misc]
+        except Exception as e:  # the task's trouble is reported in its state; the pool's too
+            warm.failures += 1
+            warm.last_error = e.message if isinstance(e, SandboxError) else f"{type(e).__name__}: {e}"
+            log.warning("prefetch of %s failed (%d in a row): %s", ref, warm.failures, warm.last_error)
+            if sandbox is not None:
+                pool.release(sandbox, "prefetch failed")
+            return
+        finally:
+            warm.preparing -= 1
+        warm.failures = 0
+        warm.last_error = ""
+        if self._closing or self._warm.get(ref) is not warm or len(warm.ready) >= warm.target:
+            pool.release(sandbox, "no longer wanted for its task", reuse=True)
+            return
+        warm.ready.append(sandbox)
+
+    # -- expiry and shutdown --------------------------------------------------------------------
+    def expire(self) -> None:
+        """Targets past their deadline end; their prepared sandboxes go back to the pools."""
+        now = time.monotonic()
+        for ref, warm in list(self._warm.items()):
+            if now < warm.deadline:
+                continue
+            del self._warm[ref]
+            self.expired_total += len(warm.ready)
+            while warm.ready:
+                self._pool(warm).release(warm.ready.popleft(), "prefetched for a task that was not asked for in time", reuse=True)
+
+    async def close(self) -> None:
+        self._closing = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for warm in self._warm.values():
+            while warm.ready:
+                self._pool(warm).release(warm.ready.popleft(), "node shutting down")
+        self._warm.clear()
