@@ -87,3 +87,34 @@ async def test_a_failing_write_never_leaves_a_caller_waiting(tmp_path: Path) -> 
     await asyncio.wait_for(journal.progress("a", seq_reserved=64, emitted=1, steps=1, urgent=True), 5)
     assert journal.write_errors == 2
     await journal.close()
+
+
+async def test_a_task_workspace_is_stored_once_per_ref_and_dropped_when_unused(tmp_path: Path) -> None:
+    """Task sessions name their workspace by the task's ref: a 20 MB workspace written into every
+    session's row made each task session's hand-out wait ~200 ms for its row."""
+    from dataclasses import replace
+
+    path = tmp_path / "j.sqlite3"
+    journal = SessionJournal.opened(path, "n1")
+    tar = b"t" * 100_000
+    a = replace(entry("a"), task_spec="{}", task_tar=tar, task_ref="calc@1")
+    b = replace(entry("b"), task_spec="{}", task_tar=tar, task_ref="calc@1")
+    await asyncio.gather(journal.record(a), journal.record(b))
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("SELECT COUNT(*), SUM(LENGTH(tar)) FROM task_tars").fetchone() == (1, 100_000)
+        assert db.execute("SELECT COUNT(*) FROM sessions WHERE task_tar IS NOT NULL").fetchone() == (0,)
+    finally:
+        db.close()
+    loaded = {e.session: e for e in journal.load()}
+    assert loaded["a"].task_tar == tar and loaded["b"].task_ref == "calc@1"
+    journal.forget("a")
+    journal.forget("b")
+    await journal.close()
+    again = SessionJournal.opened(path, "n1")  # opening drops workspaces no session refers to
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("SELECT COUNT(*) FROM task_tars").fetchone() == (0,)
+    finally:
+        db.close()
+    await again.close()

@@ -41,10 +41,12 @@ CREATE TABLE IF NOT EXISTS sessions (
     started_at REAL NOT NULL, seq_reserved INTEGER NOT NULL, steps INTEGER NOT NULL,
     emitted INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (node, session)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS task_tars (
+    node TEXT NOT NULL, ref TEXT NOT NULL, tar BLOB NOT NULL, PRIMARY KEY (node, ref)) WITHOUT ROWID;
 """
 COLUMNS = (
     "session, pool, container, container_id, transport, runtime, image, options, task_spec, task_tar, "
-    "created_at, started_at, seq_reserved, steps, emitted"
+    "created_at, started_at, seq_reserved, steps, emitted, task_ref"
 )
 
 
@@ -65,6 +67,9 @@ class JournalEntry:
     seq_reserved: int
     steps: int
     emitted: int = 0  # the last event number journalled as emitted
+    # The task's ref (session/prefetch.py): its workspace tarball is stored once per ref, not in
+    # every session's row (a 20 MB workspace made every task session's row cost ~200 ms).
+    task_ref: str = ""
 
 
 class SessionJournal:
@@ -76,6 +81,7 @@ class SessionJournal:
         self.node = node
         self.write_errors = 0
         self._db: sqlite3.Connection | None = None
+        self._stored_tars: set[str] = set()  # task refs whose workspace is in task_tars
         # Pending writes, in order (rows), and coalesced progress per session.
         self._ops: list[tuple[str, Any]] = []
         self._progress: dict[str, tuple[int, int, int]] = {}
@@ -105,10 +111,20 @@ class SessionJournal:
             columns = {r[1] for r in db.execute("PRAGMA table_info(sessions)")}
             if "emitted" not in columns:  # a file of an earlier version
                 db.execute("ALTER TABLE sessions ADD COLUMN emitted INTEGER NOT NULL DEFAULT 0")
+            if "task_ref" not in columns:
+                db.execute("ALTER TABLE sessions ADD COLUMN task_ref TEXT")
+            # Workspaces no session of this node refers to any more.
+            db.execute(
+                "DELETE FROM task_tars WHERE node = ? AND ref NOT IN "
+                "(SELECT task_ref FROM sessions WHERE node = ? AND task_ref IS NOT NULL)",
+                (self.node, self.node),
+            )
+            stored = {r[0] for r in db.execute("SELECT ref FROM task_tars WHERE node = ?", (self.node,))}
         except BaseException:
             db.close()
             raise
         self._db = db
+        self._stored_tars = stored
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -121,6 +137,7 @@ class SessionJournal:
             f"SELECT {COLUMNS} FROM sessions WHERE node = ? ORDER BY created_at",
             (self.node,),
         ).fetchall()
+        tars = dict(self.db.execute("SELECT ref, tar FROM task_tars WHERE node = ?", (self.node,)).fetchall())
         entries = []
         for r in rows:
             entries.append(
@@ -134,12 +151,13 @@ class SessionJournal:
                     image=r[6],
                     options=orjson.loads(r[7]),
                     task_spec=r[8],
-                    task_tar=r[9] or b"",
+                    task_tar=r[9] or tars.get(r[15] or "", b""),
                     created_at=r[10],
                     started_at=r[11],
                     seq_reserved=r[12],
                     steps=r[13],
                     emitted=r[14],
+                    task_ref=r[15] or "",
                 )
             )
         return entries
@@ -210,7 +228,9 @@ class SessionJournal:
                 self.db.execute("BEGIN")
                 for kind, args in ops:
                     if kind == "record":
-                        self.db.execute(f"INSERT OR REPLACE INTO sessions ({COLUMNS}, node) VALUES ({'?, ' * 15}?)", args)
+                        self.db.execute(f"INSERT OR REPLACE INTO sessions ({COLUMNS}, node) VALUES ({'?, ' * 16}?)", args)
+                    elif kind == "tar":
+                        self.db.execute("INSERT OR IGNORE INTO task_tars (node, ref, tar) VALUES (?, ?, ?)", args)
                     else:
                         self.db.execute("DELETE FROM sessions WHERE node = ? AND session = ?", (self.node, args))
                 self.db.executemany(
@@ -224,6 +244,10 @@ class SessionJournal:
     def record(self, entry: JournalEntry) -> asyncio.Future[None]:
         """Write a session's row; the future is done once it is durable."""
         self._progress.pop(entry.session, None)
+        by_ref = bool(entry.task_ref and entry.task_tar)
+        if by_ref and entry.task_ref not in self._stored_tars:
+            self._stored_tars.add(entry.task_ref)
+            self._ops.append(("tar", (self.node, entry.task_ref, entry.task_tar)))
         args = (
             entry.session,
             entry.pool,
@@ -234,12 +258,13 @@ class SessionJournal:
             entry.image,
             orjson.dumps(entry.options),
             entry.task_spec,
-            entry.task_tar or None,
+            None if by_ref else entry.task_tar or None,
             entry.created_at,
             entry.started_at,
             entry.seq_reserved,
             entry.steps,
             entry.emitted,
+            entry.task_ref or None,
             self.node,
         )
         self._ops.append(("record", args))

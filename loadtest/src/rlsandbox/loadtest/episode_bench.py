@@ -11,21 +11,26 @@ In one run, on the python image, each phase on a settled node (the previous phas
 - short-recycled: the same on a pool with verified recycling (a reset sandbox serves the next
   episode; docs/RELIABILITY.md);
 - graded: a session from the small pytest task py-calc -> 3 steps -> clean-room grade -> close,
-  ``workers // 2`` at once.
+  ``workers // 2`` at once (graded-recycled: the same in a recycling pool);
+- handout: CreateSession from a task with a real repository's workspace (pip, setuptools, mypy and
+  pytest's sources: ~2,000 files, tens of MB), one at a time: copied in at hand-out (today's
+  path) against a sandbox prefetched for the task (Prefetch).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import os
+import tarfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from rlsandbox.client import AsyncClient
-from rlsandbox.daemon.grading.task import load_tasks
+from rlsandbox.daemon.grading.task import Task, load_tasks, tar_directory
 from rlsandbox.daemon.model import ContainerSpec, Limits, MiB
 from rlsandbox.daemon.runtime.container import container_config
 from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, DockerRuntime
@@ -149,8 +154,9 @@ async def short_episodes(client: AsyncClient, pool: str, seconds: float, workers
     return await for_seconds(seconds, workers, episode)
 
 
-async def graded_episodes(client: AsyncClient, seconds: float, workers: int) -> dict[str, Any]:
-    task = next(t for t in load_tasks(REPO / "tests" / "fixtures" / "tasks") if t.id == "py-calc")
+async def graded_episodes(client: AsyncClient, pool: str, seconds: float, workers: int) -> dict[str, Any]:
+    calc = next(t for t in load_tasks(REPO / "tests" / "fixtures" / "tasks") if t.id == "py-calc")
+    task = Task(calc.spec.model_copy(update={"pool": pool}), calc.workspace_tar)
 
     async def episode(phases: dict[str, list[float]]) -> None:
         t0 = time.perf_counter()
@@ -168,11 +174,64 @@ async def graded_episodes(client: AsyncClient, seconds: float, workers: int) -> 
     return await for_seconds(seconds, workers, episode)
 
 
+def big_repository() -> Task:
+    """A task whose workspace is a real code base: the sources of pip, setuptools, mypy and _pytest as
+    installed here (no network), tarred like any task bundle."""
+    import json
+    import shutil
+    import tempfile
+
+    import pip
+
+    site = Path(pip.__file__).parents[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("pip", "setuptools", "_pytest", "mypy"):
+            shutil.copytree(site / name, Path(tmp) / name, ignore=shutil.ignore_patterns("__pycache__"))
+        tar = tar_directory(Path(tmp))
+    spec = {
+        "id": "big-repository",
+        "pool": "fresh",
+        "workspace": {"source": "bundle", "path": "/workspace", "git": "reset"},
+        "evaluation": {"test_command": "true", "report_format": "exit-code"},
+    }
+    return Task.from_wire(json.dumps(spec), tar)
+
+
+async def handouts(client: AsyncClient, samples: int) -> dict[str, Any]:
+    task = big_repository()
+    with tarfile.open(fileobj=io.BytesIO(task.workspace_tar)) as tar:
+        files = len(tar.getmembers())
+    copied: list[float] = []
+    for _ in range(samples):
+        await wait_quiet(client)
+        t0 = time.perf_counter()
+        s = await client.create_session(task=task, acquire_timeout=60)
+        copied.append(time.perf_counter() - t0)
+        await s.close()
+    info = await client.prefetch(task, 2, ttl=300)
+    prefetched: list[float] = []
+    for _ in range(samples):
+        while (info := await client.prefetch(info, 2, ttl=300)).ready < 1:
+            await asyncio.sleep(0.05)
+        await wait_quiet(client)
+        t0 = time.perf_counter()
+        s = await client.create_session(task=info)
+        prefetched.append(time.perf_counter() - t0)
+        await s.close()
+    await client.prefetch(info, 0)
+    return {
+        "workspace_bytes": len(task.workspace_tar),
+        "workspace_files": files,
+        "copied_at_handout": summary_ms(copied),
+        "prefetched": summary_ms(prefetched),
+    }
+
+
 async def bench(seconds: float, workers: int, phases: list[str]) -> dict[str, Any]:
     results: dict[str, Any] = {"seconds": seconds, "workers": workers}
     if "engine" in phases:
         results["engine"] = await engine_cycles(seconds, workers)
-    recycled = RECYCLED.format(image=IMAGE, ready=workers) if "short-recycled" in phases else ""
+    recycled = RECYCLED.format(image=IMAGE, ready=workers) if any(p.endswith("recycled") for p in phases) else ""
     config = CONFIG.format(node=f"episodebench-{os.getpid()}", image=IMAGE, ready=workers, recycled=recycled)
     async with daemon_process(config) as daemon, AsyncClient(daemon.address, timeout=120) as client:
         await wait_ready(client, "fresh", workers, 300)
@@ -180,13 +239,16 @@ async def bench(seconds: float, workers: int, phases: list[str]) -> dict[str, An
             if phase in phases:
                 await wait_quiet(client)
                 results[phase] = await short_episodes(client, pool, seconds, workers)
-        if "graded" in phases:
-            await wait_quiet(client)
-            results["graded"] = await graded_episodes(client, seconds, max(1, workers // 2))
+        for phase, pool in (("graded", "python"), ("graded-recycled", "recycled")):
+            if phase in phases:
+                await wait_quiet(client)
+                results[phase] = await graded_episodes(client, pool, seconds, max(1, workers // 2))
+        if "handout" in phases:
+            results["handout"] = await handouts(client, 10)
     results["daemon_exit_code"] = daemon.exit_code
     base = results.get("engine", {}).get("episodes_per_s")
     if base:
-        for phase in ("short", "short-recycled", "graded"):
+        for phase in ("short", "short-recycled", "graded", "graded-recycled"):
             if phase in results:
                 results[f"ratio_{phase}_over_engine"] = results[phase]["episodes_per_s"] / base
     results["machine"] = machine()
@@ -196,7 +258,7 @@ async def bench(seconds: float, workers: int, phases: list[str]) -> dict[str, An
 def render(r: dict[str, Any]) -> str:
     lines = [f"{r['workers']} workers, {r['seconds']:.0f} s per phase", ""]
     lines += ["| phase | episodes | episodes/s | x engine | errors |", "|---|---|---|---|---|"]
-    for phase in ("engine", "short", "short-recycled", "graded"):
+    for phase in ("engine", "short", "short-recycled", "graded", "graded-recycled"):
         if phase in r:
             p = r[phase]
             ratio = r.get(f"ratio_{phase}_over_engine")
@@ -205,18 +267,28 @@ def render(r: dict[str, Any]) -> str:
             lines.append(f"| {phase} | {p['episodes']} | {p['episodes_per_s']:.1f} | {times} | {errors} |")
     rows = [
         (f"{phase}: {name}", s)
-        for phase in ("engine", "short", "short-recycled", "graded")
+        for phase in ("engine", "short", "short-recycled", "graded", "graded-recycled")
         if phase in r
         for name, s in r[phase]["phases"].items()
     ]
     lines += ["", *latency_table(rows, digits=1)]
+    if "handout" in r:
+        h = r["handout"]
+        lines += [
+            "",
+            f"Hand-out of a task session, workspace {h['workspace_bytes'] / 2**20:.1f} MB in {h['workspace_files']} files:",
+            "",
+            *latency_table([("copied in at hand-out", h["copied_at_handout"]), ("prefetched", h["prefetched"])], digits=1),
+            "",
+            f"- prefetched / copied p50: {h['prefetched']['p50'] / h['copied_at_handout']['p50']:.3f}",
+        ]
     return "\n".join(lines)
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--workers", type=int, default=16)
-    parser.add_argument("--phases", default="engine,short,short-recycled,graded")
+    parser.add_argument("--phases", default="engine,short,short-recycled,graded,graded-recycled,handout")
 
 
 def main() -> None:

@@ -102,9 +102,13 @@ class AgentChannel:
                 frame = p.encode_frame(kind, rid, p.dumps(meta), body)
             except p.ProtocolError as e:
                 raise InvalidArgument(f"request too large for the sandbox agent: {e}") from None
-            await self._transport.send(frame)
+            # Sending counts against the deadline too (an agent that stops reading must not hold
+            # the caller); the send itself is shielded, so a frame is never cut in the middle.
+            send = asyncio.ensure_future(self._transport.send(frame))
+            send.add_done_callback(_retrieve)
             try:
                 async with asyncio.timeout(timeout):
+                    await asyncio.shield(send)
                     result_meta, result_body = await asyncio.shield(future)
             except TimeoutError:
                 raise DeadlineExceeded(

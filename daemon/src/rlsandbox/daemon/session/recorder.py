@@ -89,6 +89,7 @@ class Recorder:
                 seq_reserved=session.seq_reserved,
                 steps=session.steps,
                 emitted=session.acked_seq,
+                task_ref=session.options.task_ref,
             )
         )
         session.seq_durable = session.seq_reserved

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from rlsandbox.daemon.errors import SandboxDied, SandboxError
@@ -57,7 +58,8 @@ async def _adopt(manager: SessionManager, entry: JournalEntry, state: str | None
         manager.recorder.lost(entry, reason)
         log.warning("session %s: %s", entry.session, reason, extra={"session": entry.session, "pool": entry.pool})
         return False
-    session = Session(entry.session, SessionOptions.from_journal(entry.pool, entry.options, task), pool)
+    options = replace(SessionOptions.from_journal(entry.pool, entry.options, task), task_ref=entry.task_ref)
+    session = Session(entry.session, options, pool)
     session.sandbox = sandbox
     session.created_at = entry.created_at
     session.started = time.monotonic() - max(0.0, time.time() - entry.started_at)
