@@ -11,7 +11,8 @@ In one run, on the python image, each phase on a settled node (the previous phas
 - short-recycled: the same on a pool with verified recycling (a reset sandbox serves the next
   episode; docs/RELIABILITY.md);
 - graded: a session from the small pytest task py-calc -> 3 steps -> clean-room grade -> close,
-  ``workers // 2`` at once (graded-recycled: the same in a recycling pool);
+  ``workers // 2`` at once (graded-recycled: the same in a recycling pool; graded-prefetched: and
+  with the task prefetched, so the session and its clean room are hand-outs);
 - handout: CreateSession from a task with a real repository's workspace (pip, setuptools, mypy and
   pytest's sources: ~2,000 files, tens of MB), one at a time: copied in at hand-out (today's
   path) against a sandbox prefetched for the task (Prefetch).
@@ -154,9 +155,15 @@ async def short_episodes(client: AsyncClient, pool: str, seconds: float, workers
     return await for_seconds(seconds, workers, episode)
 
 
-async def graded_episodes(client: AsyncClient, pool: str, seconds: float, workers: int) -> dict[str, Any]:
+async def graded_episodes(
+    client: AsyncClient, pool: str, seconds: float, workers: int, *, prefetch: bool = False
+) -> dict[str, Any]:
     calc = next(t for t in load_tasks(REPO / "tests" / "fixtures" / "tasks") if t.id == "py-calc")
-    task = Task(calc.spec.model_copy(update={"pool": pool}), calc.workspace_tar)
+    task: Any = Task(calc.spec.model_copy(update={"pool": pool}), calc.workspace_tar)
+    if prefetch:  # a session and a clean room per episode, prepared ahead
+        task = await client.prefetch(task, 2 * workers, ttl=120)
+        while (task := await client.prefetch(task, 2 * workers, ttl=120)).ready < 2 * workers:
+            await asyncio.sleep(0.1)
 
     async def episode(phases: dict[str, list[float]]) -> None:
         t0 = time.perf_counter()
@@ -239,16 +246,17 @@ async def bench(seconds: float, workers: int, phases: list[str]) -> dict[str, An
             if phase in phases:
                 await wait_quiet(client)
                 results[phase] = await short_episodes(client, pool, seconds, workers)
-        for phase, pool in (("graded", "python"), ("graded-recycled", "recycled")):
+        for phase, pool in (("graded", "python"), ("graded-recycled", "recycled"), ("graded-prefetched", "recycled")):
             if phase in phases:
                 await wait_quiet(client)
-                results[phase] = await graded_episodes(client, pool, seconds, max(1, workers // 2))
+                prefetch = phase == "graded-prefetched"
+                results[phase] = await graded_episodes(client, pool, seconds, max(1, workers // 2), prefetch=prefetch)
         if "handout" in phases:
             results["handout"] = await handouts(client, 10)
     results["daemon_exit_code"] = daemon.exit_code
     base = results.get("engine", {}).get("episodes_per_s")
     if base:
-        for phase in ("short", "short-recycled", "graded", "graded-recycled"):
+        for phase in ("short", "short-recycled", "graded", "graded-recycled", "graded-prefetched"):
             if phase in results:
                 results[f"ratio_{phase}_over_engine"] = results[phase]["episodes_per_s"] / base
     results["machine"] = machine()
@@ -258,7 +266,7 @@ async def bench(seconds: float, workers: int, phases: list[str]) -> dict[str, An
 def render(r: dict[str, Any]) -> str:
     lines = [f"{r['workers']} workers, {r['seconds']:.0f} s per phase", ""]
     lines += ["| phase | episodes | episodes/s | x engine | errors |", "|---|---|---|---|---|"]
-    for phase in ("engine", "short", "short-recycled", "graded", "graded-recycled"):
+    for phase in ("engine", "short", "short-recycled", "graded", "graded-recycled", "graded-prefetched"):
         if phase in r:
             p = r[phase]
             ratio = r.get(f"ratio_{phase}_over_engine")
@@ -267,7 +275,7 @@ def render(r: dict[str, Any]) -> str:
             lines.append(f"| {phase} | {p['episodes']} | {p['episodes_per_s']:.1f} | {times} | {errors} |")
     rows = [
         (f"{phase}: {name}", s)
-        for phase in ("engine", "short", "short-recycled", "graded", "graded-recycled")
+        for phase in ("engine", "short", "short-recycled", "graded", "graded-recycled", "graded-prefetched")
         if phase in r
         for name, s in r[phase]["phases"].items()
     ]
@@ -288,7 +296,7 @@ def render(r: dict[str, Any]) -> str:
 def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--workers", type=int, default=16)
-    parser.add_argument("--phases", default="engine,short,short-recycled,graded,graded-recycled,handout")
+    parser.add_argument("--phases", default="engine,short,short-recycled,graded,graded-recycled,graded-prefetched,handout")
 
 
 def main() -> None:
