@@ -12,6 +12,7 @@ command -v dockerd >/dev/null || need_pkgs+=(docker.io)
 command -v runsc >/dev/null || need_pkgs+=(runsc)
 command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)
 [ -x /bin/busybox ] || need_pkgs+=(busybox-static)
+command -v docker-registry >/dev/null || need_pkgs+=(docker-registry)  # a local registry for the image-pool tests
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing ${need_pkgs[*]}"

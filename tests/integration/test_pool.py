@@ -41,10 +41,10 @@ async def test_hundred_concurrent_acquires_with_min_ready_twenty(
     spec = PoolSpec(name="burst", container=ContainerSpec(image=images["busybox"]), min_ready=20, max_total=120)
     async with running(WarmPool(spec, factory, limiter=CreateLimiter(4))) as pool:
         await wait_for(lambda: pool.stats().ready == 20, 60)
-        started = time.monotonic()
+        waited = pool.stats().acquired_waited_total
         warm = [await pool.acquire(timeout=1) for _ in range(20)]
-        warm_seconds = time.monotonic() - started
-        assert warm_seconds < 0.5, f"20 warm acquires took {warm_seconds:.3f} s"
+        # Warm hand-outs: none of the 20 waited for a sandbox to be made (a count, not a clock).
+        assert pool.stats().acquired_waited_total == waited
         rest = await asyncio.gather(*(pool.acquire(timeout=120) for _ in range(80)))
         sandboxes = warm + list(rest)
         assert len({s.container_id for s in sandboxes}) == 100

@@ -5,12 +5,14 @@ the next episode, in the same container, finds nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import pytest
 from helpers import PYTHON, daemon_config, running_daemon
-from rlsandbox.client import AsyncClient, AsyncSession, FailedPreconditionError
+from rlsandbox.client import AsyncClient, AsyncSession
 from rlsandbox.daemon.config import PoolConfig
+from rlsandbox.daemon.grading.task import tar_files
 from rlsandbox.daemon.server import NodeDaemon
 
 pytestmark = pytest.mark.docker
@@ -149,11 +151,21 @@ async def test_a_sandbox_is_destroyed_after_max_reuses(node: NodeDaemon) -> None
         assert max(runs) <= 4 and len(set(seen)) >= 2, seen
 
 
-async def test_tasks_are_refused_in_a_recycling_pool_with_a_clear_error(node: NodeDaemon) -> None:
-    task = {"id": "t1", "pool": "recycled", "evaluation": {"test_command": "true", "report_format": "exit-code"}}
-    async with AsyncClient(node.address, timeout=60) as client:
-        with pytest.raises(FailedPreconditionError, match="recycles its sandboxes"):
-            await client.create_session(task=task)
+async def test_a_task_workspace_belongs_to_the_episodes_user(node: NodeDaemon) -> None:
+    """Tasks run in recycling pools too: their workspace is extracted owned by the episode's user,
+    who can edit it (grading there: every attack of test_reward_hacks.py runs in such a pool; this
+    pool's single sandbox leaves no room for a clean room)."""
+    task = {
+        "id": "t1",
+        "pool": "recycled",
+        "workspace": {"source": "bundle", "path": "/workspace"},
+        "evaluation": {"test_command": "grep -q fixed notes.txt", "report_format": "exit-code"},
+    }
+    tar = tar_files({"notes.txt": "todo\n", "pkg/mod.py": "x = 1\n"})
+    async with AsyncClient(node.address, timeout=60) as client, client.session(task=(json.dumps(task), tar)) as s:
+        owners = await s.exec("stat -c '%u %n' notes.txt pkg pkg/mod.py")
+        assert owners.stdout_text.split("\n")[:3] == ["1000 notes.txt", "1000 pkg", "1000 pkg/mod.py"], owners.stdout_text
+        assert (await s.exec("echo fixed > notes.txt && echo y > pkg/new.py")).exit_code == 0
 
 
 async def test_a_fork_bomb_running_at_close_is_ended_by_the_reset(node: NodeDaemon) -> None:
@@ -161,6 +173,7 @@ async def test_a_fork_bomb_running_at_close_is_ended_by_the_reset(node: NodeDaem
     async with AsyncClient(node.address, timeout=60) as client:
         first = await client.create_session("recycled", acquire_timeout=60)
         container = await _container(first)
+        failures = node.pools["recycled"].stats().recycle_failures_total
         await first.write_files({"/tmp/bomb.py": bomb})
         assert (await first.exec("nohup python3 /tmp/bomb.py >/dev/null 2>&1 &")).exit_code == 0
         await asyncio.sleep(0.5)  # the sandbox is at its pids limit now
@@ -170,5 +183,5 @@ async def test_a_fork_bomb_running_at_close_is_ended_by_the_reset(node: NodeDaem
         assert leftovers.stdout_text.strip() == "", leftovers.stdout_text
         # Recycled when the reset proved it clean, destroyed otherwise: never a dirty hand-out.
         pool = node.pools["recycled"].stats()
-        assert (await _container(second) == container) == (pool.recycle_failures_total == 0)
+        assert (await _container(second) == container) == (pool.recycle_failures_total == failures)
         await second.close()

@@ -292,3 +292,16 @@ def test_log_cap_keeps_head_and_tail() -> None:
 
 def test_graded_test_passed_property() -> None:
     assert GradedTest("a", "passed", TestGroup.OTHER).passed and not GradedTest("a", MISSING, TestGroup.OTHER).passed
+
+
+def test_owned_tar_gives_every_member_and_implied_folder_to_the_user() -> None:
+    from rlsandbox.daemon.grading.task import tar_files
+    from rlsandbox.daemon.grading.workspace import owned_tar
+
+    owned = owned_tar(tar_files({"a.txt": "x", "pkg/sub/mod.py": "y"}), 1000, 1001)
+    with tarfile.open(fileobj=io.BytesIO(owned)) as tar:
+        members = {m.name: (m.isdir(), m.uid, m.gid) for m in tar}
+        data = tar.extractfile("pkg/sub/mod.py").read()  # type: ignore[union-attr]
+    assert members == {"a.txt": (False, 1000, 1001), "pkg": (True, 1000, 1001), "pkg/sub": (True, 1000, 1001),
+                       "pkg/sub/mod.py": (False, 1000, 1001)}  # fmt: skip
+    assert data == b"y"

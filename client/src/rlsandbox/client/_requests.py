@@ -33,9 +33,10 @@ class SessionOptions(TypedDict, total=False):
     PrefetchInfo of a prefetched task), env,
     workdir, idle_timeout and max_lifetime (seconds; 0: the node's default), labels,
     idempotency_key (a retried create returns the same session), acquire_timeout (seconds to
-    wait for a sandbox)."""
+    wait for a sandbox), image (instead of a pool: a container image the node makes a pool for)."""
 
     task: Any
+    image: str
     env: Mapping[str, str]
     workdir: str
     idle_timeout: float
@@ -84,6 +85,7 @@ def create_session_request(pool: str, **options: Any) -> pb.CreateSessionRequest
         idempotency_key=o.get("idempotency_key", ""),
         acquire_timeout=o.get("acquire_timeout", 0.0),
         task=task_message(task) if task is not None else None,
+        image=o.get("image", ""),
     )
 
 

@@ -66,7 +66,7 @@ class PrefetchResponse(_message.Message):
     def __init__(self, ref: _Optional[str] = ..., ready: _Optional[int] = ..., preparing: _Optional[int] = ..., target: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
-    __slots__ = ("pool", "env", "workdir", "idle_timeout", "max_lifetime", "labels", "idempotency_key", "acquire_timeout", "task")
+    __slots__ = ("pool", "env", "workdir", "idle_timeout", "max_lifetime", "labels", "idempotency_key", "acquire_timeout", "task", "image")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class CreateSessionRequest(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     ACQUIRE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
     pool: str
     env: _containers.ScalarMap[str, str]
     workdir: str
@@ -99,7 +100,8 @@ class CreateSessionRequest(_message.Message):
     idempotency_key: str
     acquire_timeout: float
     task: Task
-    def __init__(self, pool: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., idle_timeout: _Optional[float] = ..., max_lifetime: _Optional[float] = ..., labels: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., acquire_timeout: _Optional[float] = ..., task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
+    image: str
+    def __init__(self, pool: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., idle_timeout: _Optional[float] = ..., max_lifetime: _Optional[float] = ..., labels: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., acquire_timeout: _Optional[float] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., image: _Optional[str] = ...) -> None: ...
 
 class Session(_message.Message):
     __slots__ = ("session_id", "node_id", "pool", "state", "labels", "image", "mode", "oci_runtime", "workdir", "created_at", "last_used_at", "idle_timeout", "max_lifetime", "steps", "container_name", "end_reason", "task_id")

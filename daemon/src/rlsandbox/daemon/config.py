@@ -102,6 +102,24 @@ def _default_pools() -> list[PoolConfig]:
     ]
 
 
+class ImagePools(BaseModel):
+    """Pools made on demand for images no configured pool has (pool/catalog.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    warm_budget: int = Field(16, ge=0)
+    max_pools: int = Field(64, ge=1, le=10_000)
+    idle_evict: float = Field(600.0, gt=0)
+    disk_budget_gb: float = Field(100.0, gt=0)
+    registry: str = ""
+    registry_auth_file: str | None = None
+    # Each template is a pool whose ``image`` is a pattern (fnmatch); the first match wins.
+    templates: list[PoolConfig] = Field(
+        default_factory=lambda: [PoolConfig(name="any-image", image="*", min_ready=0, max_total=64)]
+    )
+
+
 class DaemonConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -163,6 +181,7 @@ class DaemonConfig(BaseModel):
     # task does not say: "strict" (reward 0) or "report" (listed only).
     grading_tampering_policy: Literal["strict", "report"] = "strict"
     pools: list[PoolConfig] = Field(default_factory=_default_pools)
+    image_pools: ImagePools = Field(default_factory=ImagePools)
 
     @model_validator(mode="after")
     def _remote_needs_auth(self) -> DaemonConfig:

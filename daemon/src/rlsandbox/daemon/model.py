@@ -6,10 +6,20 @@ Frozen dataclasses only: protobuf stays at the wire, pydantic stays in configura
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 MiB = 1 << 20
+
+
+def image_pool_name(image: str) -> str:
+    """The name of the pool a node makes on demand for ``image`` (image_pools): readable, valid
+    as a pool name, and unique per image."""
+    import hashlib
+
+    readable = re.sub(r"[^a-z0-9_.-]+", "-", image.lower()).strip("-.")[:40] or "image"
+    return f"img-{readable}-{hashlib.sha256(image.encode()).hexdigest()[:8]}"
 
 
 class AgentMode(enum.Enum):

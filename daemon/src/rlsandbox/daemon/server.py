@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from rlsandbox.daemon.api.auth import BearerTokenInterceptor, load_tokens, serve
 from rlsandbox.daemon.api.edge import EdgeInterceptor
 from rlsandbox.daemon.api.servicer import SandboxServicer
 from rlsandbox.daemon.background import Background
-from rlsandbox.daemon.config import DaemonConfig
+from rlsandbox.daemon.config import DaemonConfig, PoolConfig
 from rlsandbox.daemon.errors import SandboxError, Unavailable
 from rlsandbox.daemon.events.model import HEARTBEAT
 from rlsandbox.daemon.events.publisher import EventPublisher
@@ -33,6 +34,8 @@ from rlsandbox.daemon.grading.grader import Grader
 from rlsandbox.daemon.journal import SessionJournal
 from rlsandbox.daemon.logs import set_node_fields
 from rlsandbox.daemon.pool import CreateLimiter, Reconciler, SandboxFactory, WarmPool
+from rlsandbox.daemon.pool.catalog import PoolCatalog, registry_auth
+from rlsandbox.daemon.pool.spec import PoolSpec
 from rlsandbox.daemon.process import raise_open_files_limit
 from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, DockerRuntime
 from rlsandbox.daemon.session import SessionManager
@@ -59,10 +62,26 @@ class NodeDaemon:
             self.runtime, socket_root=Path(config.agent_socket_root) if config.agent_socket_root else None
         )
         self.limiter = CreateLimiter(config.create_concurrency)
-        self.pools = {
+        configured = {
             p.name: WarmPool(p.spec(), self.factory, limiter=self.limiter, max_waiters=config.max_waiters_per_pool)
             for p in config.pools
         }
+        self.background = Background(self._crashed)
+        images = config.image_pools
+        self.pools = PoolCatalog(
+            configured,
+            factory=self.factory,
+            limiter=self.limiter,
+            max_waiters=config.max_waiters_per_pool,
+            templates=[(t.image, _template_maker(t)) for t in images.templates] if images.enabled else [],
+            spawn=self.background.spawn,
+            warm_budget=images.warm_budget,
+            max_pools=images.max_pools,
+            idle_evict=images.idle_evict,
+            registry=images.registry,
+            registry_auth=registry_auth(images.registry_auth_file),
+            disk_budget_bytes=int(images.disk_budget_gb * (1 << 30)),
+        )
         self.grader = Grader(
             self.runtime,
             self.pools,
@@ -93,6 +112,7 @@ class NodeDaemon:
             events_confirm_timeout=config.events_confirm_timeout,
             journal=self.journal,
             max_prefetched=config.max_prefetched,
+            image_pool=self.pools.for_image if config.image_pools.enabled else None,
         )
         self.reconciler = Reconciler(self.factory, interval=config.reconcile_interval)
         self.health = HealthServicer()
@@ -103,7 +123,6 @@ class NodeDaemon:
         self.server: grpc.aio.Server | None = None
         self.unix_server: grpc.aio.Server | None = None  # only when the unix socket is open and TCP is not
         self.tcp_port: int | None = None
-        self.background = Background(self._crashed)
         self.crashed = ""  # why the node stopped on its own, if it did
         self._stopping: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
@@ -189,6 +208,7 @@ class NodeDaemon:
             for pool in self.pools.values():
                 self.background.spawn(pool.run(), f"pool-{pool.name}")
             self.background.spawn(self.sessions.run_reaper(), "session-reaper")
+            self.background.spawn(self.pools.run(), "image-pools")
             self.background.spawn(self.reconciler.run(), "reconciler")
             self.background.spawn(self._watch_health(), "health")
             if self.events is not None and self.config.heartbeat_interval > 0:
@@ -304,9 +324,7 @@ class NodeDaemon:
         try:
             async with asyncio.timeout_at(deadline):
                 await self.sessions.close_all("node shutting down")
-                await asyncio.gather(
-                    *(pool.close(timeout=max(deadline - loop.time() - 1.0, 0.5)) for pool in self.pools.values())
-                )
+                await self.pools.close(timeout=max(deadline - loop.time() - 1.0, 0.5))
         except TimeoutError:
             log.warning("shutdown: removing sandboxes took over %.0f s; the rest go at the next start", cleanup)
         self.reconciler.stop()
@@ -331,6 +349,13 @@ class NodeDaemon:
         await self._stopped.wait()
         if self._stopping is not None:
             await asyncio.shield(self._stopping)
+
+
+def _template_maker(template: PoolConfig) -> Callable[[str, str], PoolSpec]:
+    def make(name: str, image: str) -> PoolSpec:
+        return template.model_copy(update={"name": name, "image": image}).spec()
+
+    return make
 
 
 __all__ = ["NodeDaemon"]

@@ -10,7 +10,7 @@ from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.errors import InvalidArgument
 from rlsandbox.daemon.grading.rewards import GradeResult
 from rlsandbox.daemon.grading.task import Task, TaskError
-from rlsandbox.daemon.model import ExecRequest, ExecResult, FileWrite
+from rlsandbox.daemon.model import ExecRequest, ExecResult, FileWrite, image_pool_name
 from rlsandbox.daemon.session import Session, SessionOptions, SessionState
 from rlsandbox.daemon.session.prefetch import PrefetchState
 from rlsandbox.daemon.status import NodeStatus
@@ -72,16 +72,26 @@ def task(t: pb.Task, known: Callable[[str], Task] | None = None) -> Task:
 def session_options(req: pb.CreateSessionRequest, config: DaemonConfig, known: Callable[[str], Task]) -> SessionOptions:
     the_task = task(req.task, known) if req.HasField("task") else None
     pool = req.pool
+    image = ""
     if the_task is not None:
-        if pool and pool != the_task.spec.pool:
-            raise InvalidArgument(f"pool {pool!r} differs from the task's pool {the_task.spec.pool!r}; leave pool empty")
-        pool = the_task.spec.pool
+        if pool and pool != the_task.spec.pool_name:
+            raise InvalidArgument(f"pool {pool!r} differs from the task's pool {the_task.spec.pool_name!r}; leave pool empty")
+        if req.image:
+            raise InvalidArgument("a session from a task runs where the task says (its pool or image); leave image empty")
+        pool = the_task.spec.pool_name
+        image = the_task.spec.image
+    elif req.image:
+        if pool:
+            raise InvalidArgument("give a pool or an image, not both")
+        image = req.image
+        pool = image_pool_name(image)
     if not pool:
-        raise InvalidArgument("pool is required (GetNodeStatus lists this node's pools)")
+        raise InvalidArgument("pool or image is required (GetNodeStatus lists this node's pools)")
     if req.workdir:
         _path(req.workdir, "workdir")
     return SessionOptions(
         pool=pool,
+        image=image,
         task=the_task,
         task_ref=req.task.ref if req.HasField("task") else "",
         env=_env(dict(req.env), "env"),

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from rlsandbox.daemon.errors import FailedPrecondition, FileTooLarge, SandboxError
 from rlsandbox.daemon.grading.guard import GUARD_SOURCE, PYTEST_FORMATS, guard_setup, read_guard_log, split_records
 from rlsandbox.daemon.grading.patches import PatchError, apply_patch, patch_paths
+from rlsandbox.daemon.grading.prepare import STEP_TIMEOUT, Workspaces
 from rlsandbox.daemon.grading.reports import OUTPUT_FORMATS, Outcome, TestReport, lookup, parse_report
 from rlsandbox.daemon.grading.rewards import (
     MISSING,
@@ -40,7 +41,7 @@ from rlsandbox.daemon.grading.rewards import (
 from rlsandbox.daemon.grading.room import AgentsMess, TaskSetupFailed, file_data, plan_room
 from rlsandbox.daemon.grading.shadowing import PROBE, ImportFacts, interpreters
 from rlsandbox.daemon.grading.task import Task
-from rlsandbox.daemon.grading.workspace import changes_tar, owned_tar, snapshot_from_archive
+from rlsandbox.daemon.grading.workspace import changes_tar, snapshot_from_archive
 from rlsandbox.daemon.model import ExecRequest, ExecResult, FileWrite, MiB
 from rlsandbox.daemon.pool import WarmPool
 from rlsandbox.daemon.runtime.docker import DockerRuntime
@@ -51,9 +52,7 @@ log = logging.getLogger(__name__)
 MAX_SNAPSHOT_BYTES = 256 * MiB
 MAX_REPORT_BYTES = 32 * MiB
 OUTPUT_CAP = 8 * MiB
-STEP_TIMEOUT = 60.0
 FACTS_CACHE = 256  # probe answers kept (one per image, setup and environment)
-GIT_IDENTITY = ("-c", "user.name=rlsandbox", "-c", "user.email=rlsandbox@localhost", "-c", "commit.gpgsign=false")
 # The environment of every grading command, over the task's own: no bytecode (a stale or planted
 # .pyc must not stand in for a restored source), no user site-packages.
 GRADE_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
@@ -83,6 +82,7 @@ class Grader:
     ) -> None:
         self.runtime = runtime
         self.pools = pools
+        self.workspaces = Workspaces(runtime, pools)
         self.acquire_timeout = acquire_timeout
         self.tampering_policy = tampering_policy
         self.max_workspace_bytes = MAX_SNAPSHOT_BYTES
@@ -90,54 +90,16 @@ class Grader:
         self.graded_total = 0
         self.infra_errors_total = 0
 
+    # -- preparation (grading/prepare.py) ------------------------------------------------------
+    async def prepare(self, sandbox: Sandbox, task: Task, *, reset_git: bool = True) -> None:
+        """Put the task's workspace in place and run its setup (TaskSetupFailed when they fail)."""
+        await self.workspaces.prepare(sandbox, task, reset_git=reset_git)
+
     def _owner(self, sandbox: Sandbox) -> tuple[int, int] | None:
-        """(uid, gid) the sandbox's commands run as, when not root (recycling pools)."""
-        pool = self.pools.get(sandbox.pool)
-        run_as = pool.spec.container.run_as if pool is not None else ""
-        if not run_as:
-            return None
-        uid, _, gid = run_as.partition(":")
-        return int(uid), int(gid or uid)
+        return self.workspaces.owner(sandbox)
 
     async def _put(self, sandbox: Sandbox, path: str, tar: bytes) -> None:
-        """Extract ``tar`` into ``path`` through the engine, owned by the sandbox's user."""
-        owner = self._owner(sandbox)
-        if owner is not None:
-            tar = await asyncio.to_thread(owned_tar, tar, *owner)
-        await self.runtime.put_archive(sandbox.container_id, path, tar)
-
-    # -- preparation ----------------------------------------------------------------------------
-    async def prepare(self, sandbox: Sandbox, task: Task, *, reset_git: bool = True) -> None:
-        """Put the task's workspace in place and run its setup commands.
-
-        Raises:
-            TaskSetupFailed: a command exited non-zero or timed out (the output says why).
-        """
-        ws = task.spec.workspace
-        if ws.source == "bundle":
-            await self._run(sandbox, ExecRequest(argv=("mkdir", "-p", ws.path), timeout=STEP_TIMEOUT), "create the workspace")
-            if task.workspace_tar:
-                await self._put(sandbox, ws.path, task.workspace_tar)
-        if reset_git and ws.git == "reset":
-            # One commit, the base: whatever history the workspace had (with the fix in it) is gone.
-            git = " ".join(shlex.quote(a) for a in GIT_IDENTITY)
-            script = (
-                "if command -v git >/dev/null 2>&1; then rm -rf .git && git init -q && git add -A && "
-                f"git {git} commit -q --allow-empty -m 'rlsandbox: task base'; fi"
-            )
-            await self._run(sandbox, ExecRequest(shell=script, cwd=ws.path, timeout=STEP_TIMEOUT), "reset the git history")
-        for command in task.spec.setup:
-            await self._run(
-                sandbox, ExecRequest(shell=command, cwd=ws.path, timeout=task.spec.setup_timeout), f"run setup {command!r}"
-            )
-
-    async def _run(self, sandbox: Sandbox, req: ExecRequest, what: str) -> ExecResult:
-        result = await sandbox.exec(req)
-        if not result.ok:
-            tail = (result.stdout[-1500:] + result.stderr[-1500:]).decode("utf-8", errors="replace")
-            why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
-            raise TaskSetupFailed(f"task setup: could not {what}: {why}: {tail.strip()}")
-        return result
+        await self.workspaces.put(sandbox, path, tar)
 
     # -- grading --------------------------------------------------------------------------------
     async def grade(

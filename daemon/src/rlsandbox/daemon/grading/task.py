@@ -26,6 +26,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from rlsandbox.daemon.grading.reports import OUTPUT_FORMATS, REPORT_FORMATS
+from rlsandbox.daemon.model import image_pool_name
 
 MAX_WORKSPACE_BYTES = 32 << 20
 # Never copied from a workspace directory: history (see WorkspaceSpec.git) and caches.
@@ -168,7 +169,13 @@ class TaskSpec(_Model):
 
     version: Literal[1] = 1
     id: str = Field(min_length=1, max_length=256, description="Unique id of the task.")
-    pool: str = Field(min_length=1, description="The daemon pool (task image) the task runs in.")
+    pool: str = Field("", description="The daemon pool the task runs in (or give image).")
+    image: str = Field(
+        "",
+        max_length=512,
+        description="A container image to run the task in, instead of a pool: the node makes a pool for it "
+        "from its image_pools templates (one image per instance, as SWE-bench, SWE-Gym and R2E-Gym publish them).",
+    )
     problem_statement: str = Field("", description="What the agent is asked to do.")
     workspace: WorkspaceSpec = Field(default_factory=lambda: WorkspaceSpec())
     setup: list[str] = Field(default_factory=list, description="Shell commands run in the workspace at session start.")
@@ -176,6 +183,17 @@ class TaskSpec(_Model):
     evaluation: EvaluationSpec
     gold_patch: str | None = Field(None, description="A unified diff that solves the task (used by validation).")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Free-form (repository, difficulty, ...).")
+
+    @model_validator(mode="after")
+    def _pool_or_image(self) -> TaskSpec:
+        if bool(self.pool) == bool(self.image):
+            raise ValueError("give exactly one of pool (a configured pool) and image (a pool made for it on demand)")
+        return self
+
+    @property
+    def pool_name(self) -> str:
+        """The pool the task runs in: the configured one, or the one a node makes for its image."""
+        return self.pool or image_pool_name(self.image)
 
 
 def check_relative(path: str) -> str:

@@ -236,11 +236,24 @@ def changes_tar(writes: dict[str, Entry], extra_files: dict[str, bytes] | None =
 
 def owned_tar(tar: bytes, uid: int, gid: int) -> bytes:
     """``tar`` with every member owned by ``uid:gid`` (the engine extracts members with the
-    ownership their headers say): for pools whose commands run as an unprivileged user."""
+    ownership their headers say), and the folders it only implies added as members too (the
+    engine would make those root's): for pools whose commands run as an unprivileged user."""
     src = io.BytesIO(tar)
     out = io.BytesIO()
+    seen: set[str] = set()
     with tarfile.open(fileobj=src, mode="r:*") as inp, tarfile.open(fileobj=out, mode="w") as dst:
         for member in inp:
+            name = member.name.rstrip("/").removeprefix("./")
+            parts = name.split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                folder = "/".join(parts[:i])
+                if folder and folder not in seen:
+                    seen.add(folder)
+                    info = tarfile.TarInfo(folder)
+                    info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o755, uid, gid
+                    dst.addfile(info)
+            if member.isdir():
+                seen.add(name)
             member.uid, member.gid, member.uname, member.gname = uid, gid, "", ""
             dst.addfile(member, inp.extractfile(member) if member.isreg() else None)
     return out.getvalue()

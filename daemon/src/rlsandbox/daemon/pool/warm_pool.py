@@ -106,6 +106,8 @@ class WarmPool:
         self._acquired_total = 0
         self._acquired_waited = 0
         self._acquire_timeouts = 0
+        self.min_ready = spec.min_ready  # image pools: set by demand (pool/catalog.py)
+        self._last_activity = time.monotonic()
         self._recycling = 0  # released sandboxes being reset for the next episode
         self._destroying = 0  # released sandboxes being removed
         self._recycled_total = 0
@@ -114,6 +116,19 @@ class WarmPool:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def set_min_ready(self, n: int) -> None:
+        """Keep ``n`` ready from now on (ready ones above it stay until handed out)."""
+        if n != self.min_ready:
+            self.min_ready = max(0, min(n, self.spec.max_total))
+            self._wake.set()
+
+    @property
+    def idle_since(self) -> float:
+        """Monotonic time of the last hand-out or release; 0 while anything is leased or awaited."""
+        if self._leased or self._waiters or self._creating:
+            return 0.0
+        return self._last_activity
 
     # -- handing out ----------------------------------------------------------------------------
     async def acquire(self, timeout: float) -> Sandbox:
@@ -171,6 +186,7 @@ class WarmPool:
         return self._lease(sandbox)
 
     def _lease(self, sandbox: Sandbox) -> Sandbox:
+        self._last_activity = time.monotonic()
         self._leased.add(sandbox)
         self._acquired_total += 1
         self._wake.set()
@@ -195,6 +211,7 @@ class WarmPool:
         ``max_total`` until they are gone, so a slow engine slows refills instead of piling up
         containers."""
         self._leased.discard(sandbox)
+        self._last_activity = time.monotonic()
         recycle = reuse and self.spec.recycle and sandbox.alive and sandbox.reuses < self.spec.max_reuses
         if recycle:
             self._recycling += 1
@@ -280,7 +297,7 @@ class WarmPool:
         if self._closing or self._backoff_remaining() > 0:
             return
         live_waiters = sum(1 for w in self._waiters if not w.done())
-        wanted = self.spec.min_ready + live_waiters - len(self._ready) - self._creating - self._recycling
+        wanted = self.min_ready + live_waiters - len(self._ready) - self._creating - self._recycling
         room = self.spec.max_total - len(self._ready) - len(self._leased) - self._creating - self._recycling - self._destroying
         # While failing, probe with one creation at a time instead of a burst.
         cap = 1 if self._consecutive_failures else wanted
@@ -388,7 +405,7 @@ class WarmPool:
             in_use=len(self._leased),
             creating=self._creating,
             waiting=sum(1 for w in self._waiters if not w.done()),
-            min_ready=self.spec.min_ready,
+            min_ready=self.min_ready,
             max_total=self.spec.max_total,
             created_total=self._created_total,
             failed_total=self._failed_total,

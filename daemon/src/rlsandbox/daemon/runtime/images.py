@@ -81,6 +81,66 @@ class EngineImages:
         ):
             return await _raise_on_stream_error(resp, "image build")
 
+    async def pull(self, image: str, *, auth: dict[str, str] | None = None, timeout: float = 1800) -> None:
+        """Pull ``image`` (``host[:port]/name[:tag]``) from its registry."""
+        name, tag = _split_tag(image)
+        headers = {"X-Registry-Auth": _auth_header(auth, name.split("/", 1)[0])}
+        async with (
+            self.runtime._call("image pull", timeout),
+            self.runtime.docker._query(
+                "images/create", method="POST", params={"fromImage": name, "tag": tag}, headers=headers
+            ) as resp,
+        ):
+            await _raise_on_stream_error(resp, f"pull of {image}")
+
+    async def push(self, image: str, *, auth: dict[str, str] | None = None, timeout: float = 1800) -> None:
+        """Push ``image`` to its registry (the tests' local registry; nodes only pull)."""
+        name, tag = _split_tag(image)
+        headers = {"X-Registry-Auth": _auth_header(auth, name.split("/", 1)[0])}
+        async with (
+            self.runtime._call("image push", timeout),
+            self.runtime.docker._query(f"images/{name}/push", method="POST", params={"tag": tag}, headers=headers) as resp,
+        ):
+            await _raise_on_stream_error(resp, f"push of {image}")
+
+    async def tag(self, source: str, target: str) -> None:
+        name, tag = _split_tag(target)
+        async with self.runtime._call("image tag", 60):
+            await self.runtime.docker._query_json(f"images/{source}/tag", method="POST", params={"repo": name, "tag": tag})
+
+    async def size(self, image: str) -> int:
+        """Bytes the image takes (0 when it is gone)."""
+        try:
+            async with self.runtime._call("image inspect", 30):
+                info = await self.runtime.docker.images.inspect(image)
+        except (ImageNotFound, ContainerNotFound):
+            return 0
+        return int(info.get("Size") or 0)
+
+    async def remove(self, image: str) -> None:
+        """Remove the image's tag (and its layers when nothing else uses them); ImageNotFound is fine."""
+        try:
+            async with self.runtime._call("image remove", 120):
+                await self.runtime.docker.images.delete(image, force=False)
+        except (ImageNotFound, ContainerNotFound):
+            return
+
+
+def _split_tag(image: str) -> tuple[str, str]:
+    """("host:5000/name", "tag") of an image reference (tag "latest" when none)."""
+    last = image.rsplit("/", 1)[-1]
+    if ":" in last:
+        name, _, tag = image.rpartition(":")
+        return name, tag
+    return image, "latest"
+
+
+def _auth_header(auth: dict[str, str] | None, server: str) -> str:
+    import base64
+
+    doc = {**(auth or {}), "serveraddress": server}
+    return base64.urlsafe_b64encode(json.dumps(doc).encode()).decode()
+
 
 async def _raise_on_stream_error(resp: aiohttp.ClientResponse, what: str) -> list[str]:
     lines: list[str] = []

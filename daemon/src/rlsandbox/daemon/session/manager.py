@@ -14,7 +14,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 
 from rlsandbox.daemon.agent.channel import ChunkCallback
@@ -71,9 +71,11 @@ class SessionManager:
         events_confirm_timeout: float = 0.25,
         journal: SessionJournal | None = None,
         max_prefetched: int = 64,
+        image_pool: Callable[[str], Awaitable[SandboxPool]] | None = None,
     ) -> None:
         self.node_id = node_id
         self.pools = pools
+        self.image_pool = image_pool  # makes (or finds) the pool of an image on demand
         self.grader = grader
         self.max_sessions = max_sessions
         self.reap_interval = reap_interval
@@ -151,6 +153,8 @@ class SessionManager:
         if not self._accepting:
             raise Unavailable("node is shutting down; create the session on another node")
         pool = self.pools.get(options.pool)
+        if pool is None and options.image:
+            pool = await self._image_pool(options.image)
         if pool is None:
             raise NotFound(
                 f"unknown pool {options.pool!r}; this node has: {', '.join(sorted(self.pools)) or 'no pools'}",
@@ -313,8 +317,8 @@ class SessionManager:
             raise FailedPrecondition(f"session {session_id} was not started from a task; pass the task to grade against")
         if self.grader is None:
             raise FailedPrecondition("this node has no grader")
-        if task.spec.pool != session.pool.name:
-            raise InvalidArgument(f"the task runs in pool {task.spec.pool!r}, the session is in {session.pool.name!r}")
+        if task.spec.pool_name != session.pool.name:
+            raise InvalidArgument(f"the task runs in pool {task.spec.pool_name!r}, the session is in {session.pool.name!r}")
         rooms = None
         if task is session.options.task and session.options.task_ref:
             ref = session.options.task_ref
@@ -376,7 +380,14 @@ class SessionManager:
             raise FailedPrecondition("this node has no grader; it cannot prepare sandboxes for tasks")
         if not self._accepting:
             raise Unavailable("node is shutting down; prefetch on another node")
+        if task.spec.image and task.spec.pool_name not in self.pools:
+            await self._image_pool(task.spec.image)
         return self.prefetcher.prefetch(task, count, ttl)
+
+    async def _image_pool(self, image: str) -> SandboxPool:
+        if self.image_pool is None:
+            raise FailedPrecondition(f"this node makes no pools for images (image {image!r}); use one of its pools")
+        return await self.image_pool(image)
 
     async def close_all(self, reason: str) -> None:
         self._stop.set()

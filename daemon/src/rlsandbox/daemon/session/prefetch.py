@@ -95,9 +95,9 @@ class Prefetcher:
     # -- targets --------------------------------------------------------------------------------
     def prefetch(self, task: Task, count: int, ttl: float | None = None) -> PrefetchState:
         ref = task_ref(task)
-        pool = self.pools.get(task.spec.pool)
+        pool = self.pools.get(task.spec.pool_name)
         if pool is None:
-            raise NotFound(f"the task's pool {task.spec.pool!r} is not configured on this node", pool=task.spec.pool)
+            raise NotFound(f"the task's pool {task.spec.pool_name!r} is not configured on this node", pool=task.spec.pool_name)
         self.remember(ref, task)
         warm = self._warm.get(ref)
         if warm is None:
@@ -157,7 +157,7 @@ class Prefetcher:
 
     # -- filling --------------------------------------------------------------------------------
     def _pool(self, warm: _Warm) -> SandboxPool:
-        return self.pools[warm.task.spec.pool]
+        return self.pools[warm.task.spec.pool_name]
 
     def _fill(self, ref: str, warm: _Warm) -> None:
         if self._closing or warm.failures >= self.MAX_FAILURES:

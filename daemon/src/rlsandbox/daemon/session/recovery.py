@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from rlsandbox.daemon.errors import SandboxDied, SandboxError
 from rlsandbox.daemon.grading.task import Task
 from rlsandbox.daemon.journal import JournalEntry
+from rlsandbox.daemon.model import image_pool_name
 from rlsandbox.daemon.session.state import Session, SessionOptions, SessionState
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ async def recover(manager: SessionManager, containers: Mapping[str, str], *, con
 async def _adopt(manager: SessionManager, entry: JournalEntry, state: str | None) -> bool:
     pool = manager.pools.get(entry.pool)
     try:
+        if pool is None and manager.image_pool is not None and entry.pool == image_pool_name(entry.image):
+            pool = await manager.image_pool(entry.image)  # an image pool of the earlier life: made again
         if pool is None:
             raise SandboxDied(f"its pool {entry.pool!r} is no longer configured")
         task = Task.from_wire(entry.task_spec, entry.task_tar) if entry.task_spec else None

@@ -58,6 +58,7 @@ ENDED = (SessionState.CLOSING, SessionState.CLOSED, SessionState.FAILED)
 @dataclass(frozen=True, slots=True)
 class SessionOptions:
     pool: str
+    image: str = ""  # the pool is the one made on demand for this image (image_pools)
     env: Mapping[str, str] = field(default_factory=dict)
     workdir: str = ""
     idle_timeout: float = 600.0

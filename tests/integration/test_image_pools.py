@@ -1,0 +1,123 @@
+"""Pools per image, on demand, against a real registry (Debian's docker-registry on localhost): a
+session (or a task) names an image no pool has; the node pulls it, makes its pool from a
+template, serves it, and removes the idle pool and the pulled image afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from helpers import BUSYBOX, daemon_config, running_daemon
+from rlsandbox.client import AsyncClient, FailedPreconditionError
+from rlsandbox.daemon.config import PoolConfig
+from rlsandbox.daemon.model import image_pool_name
+from rlsandbox.daemon.runtime.docker import DockerRuntime
+from rlsandbox.daemon.server import NodeDaemon
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real registry on a free localhost port (the engine trusts 127.0.0.0/8 without TLS)."""
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        pytest.fail("docker-registry is not installed; run scripts/bootstrap.sh", pytrace=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = tmp_path_factory.mktemp("registry")
+    config = root / "config.yml"
+    config.write_text(
+        f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+    )
+    proc = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the registry did not start"
+                time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+async def published(registry: str, docker_runtime: DockerRuntime, images: dict[str, str]) -> AsyncIterator[str]:
+    """The busybox image published in the registry under a name this node does not have."""
+    name = f"rls-test/busybox:{uuid.uuid4().hex[:8]}"
+    remote = f"{registry}/{name}"
+    await docker_runtime.images.tag(BUSYBOX, remote)
+    await docker_runtime.images.push(remote)
+    await docker_runtime.images.remove(remote)
+    assert await docker_runtime.images.labels(name) is None
+    yield name
+    for image in (name, remote):
+        await docker_runtime.images.remove(image)
+
+
+@pytest.fixture(scope="module")
+async def node(registry: str, published: str) -> AsyncIterator[NodeDaemon]:
+    template = PoolConfig(name="tests", image="rls-test/*", memory_mb=64, max_total=4, min_ready=0)
+    config = daemon_config(
+        pools=[PoolConfig(name="busybox", image=BUSYBOX, min_ready=0, max_total=2, memory_mb=64)],
+        image_pools={"registry": registry, "idle_evict": 1.0, "disk_budget_gb": 1e-9, "templates": [template]},
+    )
+    async with running_daemon(config) as daemon:
+        yield daemon
+
+
+async def test_a_session_on_an_image_no_pool_has(node: NodeDaemon, published: str, docker_runtime: DockerRuntime) -> None:
+    async with AsyncClient(node.address, timeout=120) as client:
+        async with client.session(image=published) as s:
+            assert (await s.exec("echo from the image pool")).stdout == b"from the image pool\n"
+            assert s.info.pool == image_pool_name(published)
+            status = await client.node_status()
+            pool = next(p for p in status.pools if p.name == s.info.pool)
+            assert pool.image == published and pool.in_use == 1
+        assert node.pools.pulled_total == 1
+        # Idle past idle_evict: the pool goes, and the pulled image with it (disk budget ~0).
+        for _ in range(100):
+            if s.info.pool not in node.pools and await docker_runtime.images.labels(published) is None:
+                break
+            await asyncio.sleep(0.1)
+        assert s.info.pool not in node.pools and node.pools.evicted_total >= 1
+        assert await docker_runtime.images.labels(published) is None, "the pulled image stayed past the disk budget"
+
+
+async def test_a_task_that_names_an_image_is_served_and_graded(node: NodeDaemon, published: str) -> None:
+    task = {
+        "id": "image-task",
+        "image": published,
+        "workspace": {"source": "bundle", "path": "/workspace"},
+        "evaluation": {"test_command": "test -f done", "report_format": "exit-code"},
+    }
+    async with AsyncClient(node.address, timeout=120) as client:
+        async with client.session(task=(json.dumps(task), b"")) as s:
+            assert s.info.pool == image_pool_name(published)
+            before = await s.grade()
+            await s.write_files({"/workspace/done": "yes"})
+            after = await s.grade()
+        assert (before.reward, after.reward) == (0.0, 1.0), (before.message, after.message)
+
+
+async def test_images_that_cannot_be_had_are_clear_errors(node: NodeDaemon) -> None:
+    async with AsyncClient(node.address, timeout=120) as client:
+        with pytest.raises(FailedPreconditionError, match="could not be pulled from"):
+            await client.create_session(image="rls-test/absent:nope")
+        with pytest.raises(FailedPreconditionError, match="no image_pools template matches image 'elsewhere/x:1'"):
+            await client.create_session(image="elsewhere/x:1")
