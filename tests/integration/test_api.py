@@ -119,7 +119,7 @@ async def test_five_hundred_concurrent_sessions(client: AsyncClient, daemon: Nod
 async def test_bad_inputs_get_precise_statuses(client: AsyncClient, daemon: NodeDaemon) -> None:
     with pytest.raises(NotFoundError, match=r"unknown pool 'gpu'.*python"):
         await client.create_session("gpu")
-    with pytest.raises(InvalidArgumentError, match="pool is required"):
+    with pytest.raises(InvalidArgumentError, match="pool or image is required"):
         await client.create_session("")
     with pytest.raises(NotFoundError, match="not found"):
         await client.exec("missing-session", "true")

@@ -13,6 +13,8 @@ In one run, on the python image, each phase on a settled node (the previous phas
 - graded: a session from the small pytest task py-calc -> 3 steps -> clean-room grade -> close,
   ``workers // 2`` at once (graded-recycled: the same in a recycling pool; graded-prefetched: and
   with the task prefetched, so the session and its clean room are hand-outs);
+- memory: the idle sandboxes of the fresh and the recycled pool after their phases (cgroup figures);
+- burst (not by default): 1,000 CreateSession calls at once from a pool holding 1,000 ready sandboxes;
 - handout: CreateSession from a task with a real repository's workspace (pip, setuptools, mypy and
   pytest's sources: ~2,000 files, tens of MB), one at a time: copied in at hand-out (today's
   path) against a sandbox prefetched for the task (Prefetch).
@@ -34,7 +36,7 @@ from rlsandbox.client import AsyncClient
 from rlsandbox.daemon.grading.task import Task, load_tasks, tar_directory
 from rlsandbox.daemon.model import ContainerSpec, Limits, MiB
 from rlsandbox.daemon.runtime.container import container_config
-from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, DockerRuntime
+from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, LABEL_POOL, DockerRuntime
 from rlsandbox.loadtest.node import daemon_process, wait_quiet, wait_ready
 from rlsandbox.loadtest.stats import bench_cli, latency_table, machine, summary_ms
 
@@ -43,7 +45,7 @@ IMAGE = "rlsandbox/python-task:latest"
 CONFIG = """
 node_id = "{node}"
 listen_tcp = "127.0.0.1:{{port}}"
-max_sessions = 500
+max_sessions = 1500
 [[pools]]
 name = "fresh"
 image = "{image}"
@@ -51,6 +53,7 @@ min_ready = {ready}
 max_total = 96
 memory_mb = 256
 {recycled}
+{burst}
 [[pools]]
 name = "python"
 image = "{image}"
@@ -70,6 +73,17 @@ max_total = 96
 memory_mb = 256
 read_only_root = true
 recycle = true
+"""
+
+BURST = """
+[[pools]]
+name = "burst"
+image = "rlsandbox/busybox:latest"
+min_ready = {n}
+max_total = {total}
+memory_mb = 32
+cpus = 0.1
+pids = 32
 """
 
 
@@ -234,18 +248,72 @@ async def handouts(client: AsyncClient, samples: int) -> dict[str, Any]:
     }
 
 
+BURST_SESSIONS = 1000
+
+
+async def burst_of_creates(client: AsyncClient, n: int) -> dict[str, Any]:
+    """``n`` CreateSession calls at once from a pool holding ``n`` ready sandboxes."""
+
+    async def one() -> tuple[float, Any]:
+        t0 = time.perf_counter()
+        s = await client.create_session("burst", acquire_timeout=60)
+        return time.perf_counter() - t0, s
+
+    started = time.perf_counter()
+    made = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
+    wall = time.perf_counter() - started
+    ok = [m for m in made if not isinstance(m, BaseException)]
+    errors: dict[str, int] = {}
+    for m in made:
+        if isinstance(m, BaseException):
+            errors[type(m).__name__] = errors.get(type(m).__name__, 0) + 1
+    await asyncio.gather(*(s.close() for _, s in ok), return_exceptions=True)
+    return {"sessions": n, "wall_s": wall, "create": summary_ms([t for t, _ in ok]), "errors": errors}
+
+
+async def idle_memory(node: str, pool: str) -> dict[str, Any]:
+    """Mean memory of the pool's ready (idle) sandboxes, from the engine's cgroup figures
+    (usage less inactive page cache: what the kernel could not reclaim)."""
+    async with DockerRuntime(owner=node) as runtime:
+        containers = await runtime.list_containers({LABEL_OWNER: node, LABEL_POOL: pool})
+        used = []
+        for c in containers:
+            stats = await runtime.docker.containers.container(c.id).stats(stream=False)
+            mem = (stats[0] if isinstance(stats, list) else stats).get("memory_stats", {})
+            inactive = (mem.get("stats") or {}).get("inactive_file", 0)
+            used.append(max(0, int(mem.get("usage", 0)) - int(inactive)))
+    with open("/proc/meminfo") as f:  # noqa: ASYNC230 - one tiny procfs read
+        total = int(next(line for line in f if line.startswith("MemTotal:")).split()[1]) * 1024
+    mean = sum(used) / len(used) if used else 0.0
+    return {
+        "sandboxes": len(used),
+        "mean_mb": mean / 2**20,
+        "max_mb": max(used, default=0) / 2**20,
+        "fit_in_ram": int(total / mean) if mean else 0,
+    }
+
+
 async def bench(seconds: float, workers: int, phases: list[str]) -> dict[str, Any]:
     results: dict[str, Any] = {"seconds": seconds, "workers": workers}
     if "engine" in phases:
         results["engine"] = await engine_cycles(seconds, workers)
     recycled = RECYCLED.format(image=IMAGE, ready=workers) if any(p.endswith("recycled") for p in phases) else ""
-    config = CONFIG.format(node=f"episodebench-{os.getpid()}", image=IMAGE, ready=workers, recycled=recycled)
+    burst = BURST.format(n=BURST_SESSIONS, total=BURST_SESSIONS + 50) if "burst" in phases else ""
+    node = f"episodebench-{os.getpid()}"
+    config = CONFIG.format(node=node, image=IMAGE, ready=workers, recycled=recycled, burst=burst)
     async with daemon_process(config) as daemon, AsyncClient(daemon.address, timeout=120) as client:
         await wait_ready(client, "fresh", workers, 300)
         for phase, pool in (("short", "fresh"), ("short-recycled", "recycled")):
             if phase in phases:
                 await wait_quiet(client)
                 results[phase] = await short_episodes(client, pool, seconds, workers)
+                if "memory" in phases:
+                    await wait_quiet(client)
+                    results[f"memory-{pool}"] = await idle_memory(node, pool)
+        if "burst" in phases:
+            await wait_ready(client, "burst", BURST_SESSIONS, 900)
+            await wait_quiet(client, timeout=900)
+            results["burst"] = await burst_of_creates(client, BURST_SESSIONS)
         for phase, pool in (("graded", "python"), ("graded-recycled", "recycled"), ("graded-prefetched", "recycled")):
             if phase in phases:
                 await wait_quiet(client)
@@ -280,6 +348,21 @@ def render(r: dict[str, Any]) -> str:
         for name, s in r[phase]["phases"].items()
     ]
     lines += ["", *latency_table(rows, digits=1)]
+    for pool in ("fresh", "recycled"):
+        m = r.get(f"memory-{pool}")
+        if m:
+            lines.append(
+                f"- idle {pool} sandboxes ({m['sandboxes']}): {m['mean_mb']:.1f} MB mean, {m['max_mb']:.1f} MB max "
+                f"(~{m['fit_in_ram']:,} would fit in this machine's RAM)"
+            )
+    if "burst" in r:
+        b = r["burst"]
+        c = b["create"]
+        errors = ", ".join(f"{k} {v}" for k, v in b["errors"].items()) or "no errors"
+        lines.append(
+            f"- {b['sessions']} CreateSession at once from a warm pool: p50 {c['p50']:.0f} ms, p99 {c['p99']:.0f} ms, "
+            f"max {c['max']:.0f} ms, all done in {b['wall_s']:.1f} s; {errors}"
+        )
     if "handout" in r:
         h = r["handout"]
         lines += [
@@ -296,7 +379,9 @@ def render(r: dict[str, Any]) -> str:
 def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--workers", type=int, default=16)
-    parser.add_argument("--phases", default="engine,short,short-recycled,graded,graded-recycled,graded-prefetched,handout")
+    parser.add_argument(
+        "--phases", default="engine,short,short-recycled,graded,graded-recycled,graded-prefetched,handout,memory"
+    )  # also: burst (1,000 CreateSession at once from 1,000 warm busybox sandboxes)
 
 
 def main() -> None:
