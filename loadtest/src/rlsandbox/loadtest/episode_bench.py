@@ -46,6 +46,7 @@ CONFIG = """
 node_id = "{node}"
 listen_tcp = "127.0.0.1:{{port}}"
 max_sessions = 1500
+shutdown_cleanup = 900.0
 [[pools]]
 name = "fresh"
 image = "{image}"
