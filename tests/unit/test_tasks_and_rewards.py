@@ -130,6 +130,24 @@ def test_swebench_import() -> None:
         from_swebench({**SWE, "FAIL_TO_PASS": "nope"}, pool="p")
 
 
+def test_swebench_import_with_one_image_per_instance() -> None:
+    """SWE-bench names each instance's image (``__`` -> ``_1776_``); R2E-Gym and SWE-smith records
+    carry it in a field. Either way the task names an image, and its pool is made on demand."""
+    from rlsandbox.daemon.model import image_pool_name
+
+    spec = from_swebench(SWE, image="swebench/sweb.eval.x86_64.{docker_id}:latest")
+    assert spec.image == "swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest" and spec.pool == ""
+    assert spec.pool_name == image_pool_name(spec.image) and Task.from_wire(spec.model_dump_json()).spec == spec
+    r2e = {**SWE, "docker_image": "namanjain12/astropy_final:d16bfe05"}
+    assert from_swebench(r2e, image="field").image == "namanjain12/astropy_final:d16bfe05"
+    with pytest.raises(TaskError, match="no image field"):
+        from_swebench(SWE, image="field")
+    with pytest.raises(TaskError, match="image template"):
+        from_swebench(SWE, image="x/{repo_name}")
+    with pytest.raises(ValueError, match="exactly one of pool"):
+        from_swebench(SWE, pool="p", image="x/{instance_id}")
+
+
 def test_swebench_import_from_a_local_clone_with_env(tmp_path: Path) -> None:
     """A repository at each instance's base commit (not an image), PYTHONPATH kept, no -rA needed."""
     repo = tmp_path / "repo"

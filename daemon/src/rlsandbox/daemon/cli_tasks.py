@@ -80,7 +80,13 @@ async def _import_swebench(args: argparse.Namespace) -> int:
             tar = _archive_base_commit(args.repo, doc, Path(args.out)) if args.repo else None
             try:
                 spec = from_swebench(
-                    doc, pool=args.pool, workspace_path=args.workspace, test_command=args.test_command, env=env, workspace_tar=tar
+                    doc,
+                    pool=args.pool or "",
+                    image=args.image or "",
+                    workspace_path=args.workspace,
+                    test_command=args.test_command,
+                    env=env,
+                    workspace_tar=tar,
                 )
             except TaskError as e:
                 raise InvalidArgument(str(e)) from None
@@ -134,7 +140,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     sw = tasks_sub.add_parser("import-swebench", help="convert SWE-bench instances (JSON or JSONL) to tasks (JSONL)")
     sw.add_argument("path")
-    sw.add_argument("--pool", required=True, help="the pool whose image holds the repository at its base commit")
+    where = sw.add_mutually_exclusive_group(required=True)
+    where.add_argument("--pool", help="the pool whose image holds the repository at its base commit")
+    where.add_argument(
+        "--image",
+        help="each instance's own image (a pool made on demand): a template with {instance_id} or {docker_id} "
+        "(e.g. swebench/sweb.eval.x86_64.{docker_id}:latest), or 'field' for the instance's image_name/docker_image",
+    )
     sw.add_argument("--workspace", default="/testbed", help="where the repository is in the sandbox (default /testbed)")
     sw.add_argument("--repo", help="a local clone: each workspace is its base_commit's tree, copied in")
     sw.add_argument("--env", action="append", metavar="KEY=VALUE", help="test command environment (PYTHONPATH=src); repeat")

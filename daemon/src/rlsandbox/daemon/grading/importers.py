@@ -52,7 +52,8 @@ def folder_globs_of_tests(test_files: list[str]) -> list[str]:
 def from_swebench(
     instance: Mapping[str, Any],
     *,
-    pool: str,
+    pool: str = "",
+    image: str = "",
     workspace_path: str = "/testbed",
     test_command: str = "python -m pytest -rA -p no:cacheprovider {test_files}",
     env: Mapping[str, str] | None = None,
@@ -63,7 +64,10 @@ def from_swebench(
     image at ``workspace_path``, checked out at ``base_commit``; or, with ``workspace_tar`` (a
     tarball path relative to the task file), it is copied in. ``env`` is the test command's
     environment (``PYTHONPATH=...``). The protected test set is the patch's test files and the
-    test folders that hold them."""
+    test folders that hold them.
+
+    ``image`` instead of ``pool``: each instance runs in its own image (a pool made on demand, see
+    :func:`instance_image` for the template)."""
     iid = str(instance.get("instance_id") or "")
     if not iid:
         raise TaskError("SWE-bench instance without instance_id")
@@ -80,6 +84,7 @@ def from_swebench(
     return TaskSpec(
         id=iid,
         pool=pool,
+        image=instance_image(instance, image) if image else "",
         problem_statement=str(instance.get("problem_statement", "")),
         workspace=workspace,
         evaluation=EvaluationSpec(
@@ -94,3 +99,23 @@ def from_swebench(
         gold_patch=str(instance["patch"]) if instance.get("patch") else None,
         metadata={k: instance[k] for k in ("repo", "base_commit", "version", "created_at") if k in instance},
     )
+
+
+# Fields that name an instance's own image in the published variants (R2E-Gym, SWE-smith, SWE-Gym).
+IMAGE_FIELDS = ("image_name", "docker_image", "image")
+
+
+def instance_image(instance: Mapping[str, Any], template: str) -> str:
+    """The image of one instance: ``template`` with ``{instance_id}`` and ``{docker_id}`` (SWE-bench's
+    image naming: ``__`` becomes ``_1776_``, lower case) filled in; or, with the template
+    ``field``, the instance's own image field (``image_name``, ``docker_image`` or ``image``)."""
+    iid = str(instance.get("instance_id") or "")
+    if template == "field":
+        for name in IMAGE_FIELDS:
+            if instance.get(name):
+                return str(instance[name])
+        raise TaskError(f"{iid}: no image field ({', '.join(IMAGE_FIELDS)}) in the instance")
+    try:
+        return template.format(instance_id=iid, docker_id=iid.replace("__", "_1776_").lower())
+    except (KeyError, IndexError, ValueError) as e:
+        raise TaskError(f"image template {template!r}: {e} (use {{instance_id}} or {{docker_id}}, or 'field')") from None
