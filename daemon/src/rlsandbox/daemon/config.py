@@ -148,6 +148,7 @@ class DaemonConfig(BaseModel):
     reconcile_interval: float = Field(60.0, gt=0)
     reap_interval: float = Field(1.0, gt=0)
     max_prefetched: int = Field(64, ge=0)
+    metrics_listen: str = ""
     prefetch_ttl: float = Field(600.0, gt=0)
     log_level: str = "INFO"
     # Authentication: TLS on the TCP listener, bearer tokens (one per line) required over TCP.
@@ -187,6 +188,10 @@ class DaemonConfig(BaseModel):
     def _remote_needs_auth(self) -> DaemonConfig:
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together")
+        if self.metrics_listen and not is_loopback(self.metrics_listen) and not self.auth_token_file:
+            raise ValueError(
+                f"metrics_listen {self.metrics_listen} is not loopback: it needs auth_token_file (scrapers send a bearer token)"
+            )
         if self.listen_tcp and not is_loopback(self.listen_tcp) and not (self.tls_cert and self.auth_token_file):
             raise ValueError(
                 f"listen_tcp {self.listen_tcp} is not loopback: it needs tls_cert, tls_key and auth_token_file "

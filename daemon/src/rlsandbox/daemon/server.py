@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from rlsandbox.daemon import __version__
-from rlsandbox.daemon.api.auth import BearerTokenInterceptor, load_tokens, server_credentials
+from rlsandbox.daemon.api.auth import BearerTokenInterceptor, is_loopback, load_tokens, server_credentials
 from rlsandbox.daemon.api.edge import EdgeInterceptor
 from rlsandbox.daemon.api.servicer import SandboxServicer
 from rlsandbox.daemon.background import Background
@@ -33,6 +33,7 @@ from rlsandbox.daemon.events.publisher import EventPublisher
 from rlsandbox.daemon.grading.grader import Grader
 from rlsandbox.daemon.journal import SessionJournal
 from rlsandbox.daemon.logs import set_node_fields
+from rlsandbox.daemon.metrics import Metrics, serve
 from rlsandbox.daemon.pool import CreateLimiter, Reconciler, SandboxFactory, WarmPool
 from rlsandbox.daemon.pool.catalog import PoolCatalog, registry_auth
 from rlsandbox.daemon.pool.spec import PoolSpec
@@ -62,6 +63,9 @@ class NodeDaemon:
             self.runtime, socket_root=Path(config.agent_socket_root) if config.agent_socket_root else None
         )
         self.limiter = CreateLimiter(config.create_concurrency)
+        self.metrics = Metrics() if config.metrics_listen else None
+        self.metrics_port: int | None = None
+        self._metrics_runner: Any = None
         configured = {
             p.name: WarmPool(p.spec(), self.factory, limiter=self.limiter, max_waiters=config.max_waiters_per_pool)
             for p in config.pools
@@ -113,6 +117,7 @@ class NodeDaemon:
             journal=self.journal,
             max_prefetched=config.max_prefetched,
             image_pool=self.pools.for_image if config.image_pools.enabled else None,
+            metrics=self.metrics,
         )
         self.reconciler = Reconciler(self.factory, interval=config.reconcile_interval)
         self.health = HealthServicer()
@@ -138,7 +143,7 @@ class NodeDaemon:
     def _grpc_server(self, options: list[tuple[str, Any]], tokens: list[bytes] | None) -> grpc.aio.Server:
         # Authentication first (nothing of an unauthenticated call is looked at), then the edge.
         interceptors: list[grpc.aio.ServerInterceptor] = [BearerTokenInterceptor(tokens)] if tokens else []
-        interceptors.append(EdgeInterceptor())
+        interceptors.append(EdgeInterceptor(self.metrics))
         server = grpc.aio.server(options=options, interceptors=interceptors)
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(self.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -190,6 +195,8 @@ class NodeDaemon:
                 undo.push_async_callback(self.events.stop, 0.0)
             servers = self._bind()  # before recovery: a port in use fails here, with nothing adopted yet
             undo.push_async_callback(self._stop_servers, servers, 0.0)
+            if self.metrics is not None:
+                await self._serve_metrics(undo)
             if self.journal is not None:
                 owned = await self.runtime.list_containers({LABEL_MANAGED: "1", LABEL_OWNER: self.runtime.owner})
                 undo.push_async_callback(self.sessions.let_go, "the daemon's start failed; the next start re-adopts it")
@@ -209,6 +216,8 @@ class NodeDaemon:
                 self.background.spawn(pool.run(), f"pool-{pool.name}")
             self.background.spawn(self.sessions.run_reaper(), "session-reaper")
             self.background.spawn(self.pools.run(), "image-pools")
+            if self.metrics is not None:
+                self.background.spawn(self.metrics.watch_loop(), "event-loop-lag")
             self.background.spawn(self.reconciler.run(), "reconciler")
             self.background.spawn(self._watch_health(), "health")
             if self.events is not None and self.config.heartbeat_interval > 0:
@@ -216,6 +225,36 @@ class NodeDaemon:
             await self._set_health(True)
             undo.pop_all()  # started: from here on, stop() undoes it all
         log.info("node serving on %s (%d pools)", self.address, len(self.pools), extra={"node": self.config.node_id})
+
+    async def _serve_metrics(self, undo: contextlib.AsyncExitStack) -> None:
+        assert self.metrics is not None
+        cfg = self.config
+        host, _, port = cfg.metrics_listen.rpartition(":")
+        self.metrics.add_status(self.status, self._metric_counters)
+        tokens = load_tokens(cfg.auth_token_file) if cfg.auth_token_file and not is_loopback(cfg.metrics_listen) else None
+        try:
+            runner, self.metrics_port = await serve(self.metrics, host or "127.0.0.1", int(port or 0), tokens)
+        except OSError as e:
+            raise Unavailable(
+                f"cannot serve metrics on {cfg.metrics_listen} ({e.strerror}); is another daemon using it?"
+            ) from None
+        self._metrics_runner = runner
+        undo.push_async_callback(runner.cleanup)
+
+    def _metric_counters(self) -> dict[str, float]:
+        pf, cat = self.sessions.prefetcher, self.pools
+        return {
+            "prefetch_handed_out_total": pf.handed_out_total,
+            "prefetch_missed_total": pf.missed_total,
+            "prefetch_expired_total": pf.expired_total,
+            "prefetched_sandboxes": pf.prepared,
+            "image_pools": len(cat.image_pools),
+            "image_pools_made_total": cat.made_total,
+            "image_pools_evicted_total": cat.evicted_total,
+            "images_pulled_total": cat.pulled_total,
+            "images_removed_total": cat.images_removed_total,
+            "events_unconfirmed_total": self.sessions.recorder.unconfirmed_total,
+        }
 
     def _bind(self) -> list[grpc.aio.Server]:
         """The gRPC servers with their ports bound (not started): the first is the main one."""
@@ -340,6 +379,8 @@ class NodeDaemon:
         await self.runtime.close()
         if self.journal is not None:
             await self.journal.close()
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
         if self.config.listen_unix:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.config.listen_unix)

@@ -14,8 +14,10 @@ place, around every handler.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -24,6 +26,7 @@ from google.protobuf.message import DecodeError
 from rlsandbox.daemon.api.limits import LimitExceeded, check
 from rlsandbox.daemon.errors import ResourceExhausted, SandboxError
 from rlsandbox.daemon.logs import log_context
+from rlsandbox.daemon.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +112,27 @@ def with_behaviour(
 
 
 class EdgeInterceptor(grpc.aio.ServerInterceptor):
+    """``metrics``: every call's latency by method and status code (metrics.py)."""
+
+    def __init__(self, metrics: Metrics | None = None) -> None:
+        self.metrics = metrics
+
+    def _observe(self, method: str, context: grpc.aio.ServicerContext, started: float, error: BaseException | None) -> None:
+        if self.metrics is None:
+            return
+        if error is None:
+            code = "OK"
+        elif isinstance(error, SandboxError):
+            code = error.code.name
+        elif isinstance(error, grpc.aio.AbortError):
+            status = context.code()
+            code = status.name if isinstance(status, grpc.StatusCode) else "UNKNOWN"
+        elif isinstance(error, asyncio.CancelledError):
+            code = "CANCELLED"
+        else:
+            code = "INTERNAL"
+        self.metrics.observe_rpc(method, code, time.perf_counter() - started)
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -128,25 +152,32 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
             problem = _problem(request, method)
             if problem is not None:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+            started = time.perf_counter()
             with log_context(request=request_id, trace=trace, session=getattr(request, "session_id", "")):
                 try:
-                    return await inner(request, context)
-                except grpc.aio.AbortError:
+                    reply = await inner(request, context)
+                except BaseException as e:
+                    self._observe(method, context, started, e)
+                    if isinstance(e, Exception) and not isinstance(e, grpc.aio.AbortError):
+                        await abort_with(context, e, method)
                     raise
-                except Exception as e:
-                    await abort_with(context, e, method)
+                self._observe(method, context, started, None)
+                return reply
 
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             problem = _problem(request, method)
             if problem is not None:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+            started = time.perf_counter()
             with log_context(request=request_id, trace=trace, session=getattr(request, "session_id", "")):
                 try:
                     async for item in stream_inner(request, context):
                         yield item
-                except grpc.aio.AbortError:
+                except BaseException as e:
+                    self._observe(method, context, started, e)
+                    if isinstance(e, Exception) and not isinstance(e, grpc.aio.AbortError):
+                        await abort_with(context, e, method)
                     raise
-                except Exception as e:
-                    await abort_with(context, e, method)
+                self._observe(method, context, started, None)
 
         return with_behaviour(handler, unary, stream, _lenient(handler.request_deserializer))

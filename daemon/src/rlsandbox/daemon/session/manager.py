@@ -24,6 +24,7 @@ from rlsandbox.daemon.grading.grader import Grader
 from rlsandbox.daemon.grading.rewards import GradeResult
 from rlsandbox.daemon.grading.task import Task
 from rlsandbox.daemon.journal import SessionJournal
+from rlsandbox.daemon.metrics import Metrics
 from rlsandbox.daemon.model import ExecRequest, ExecResult, FileRead, FileWrite, FileWriteResult
 from rlsandbox.daemon.sandbox import Sandbox
 from rlsandbox.daemon.session import recovery
@@ -72,10 +73,12 @@ class SessionManager:
         journal: SessionJournal | None = None,
         max_prefetched: int = 64,
         image_pool: Callable[[str], Awaitable[SandboxPool]] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.node_id = node_id
         self.pools = pools
         self.image_pool = image_pool  # makes (or finds) the pool of an image on demand
+        self.metrics = metrics
         self.grader = grader
         self.max_sessions = max_sessions
         self.reap_interval = reap_interval
@@ -189,6 +192,7 @@ class SessionManager:
             options = replace(options, task_ref=ref)
         session = Session(f"{self.node_id}-{secrets.token_hex(8)}", options, pool)
         self.admit(session)
+        started = time.perf_counter()
         try:
             prepared = self.prefetcher.take(options.task_ref) if options.task is not None else None
             session.sandbox = prepared or await pool.acquire(options.acquire_timeout)
@@ -213,6 +217,9 @@ class SessionManager:
         session.transition(SessionState.READY)
         session.touch()
         session.settled.set_result(None)
+        if self.metrics is not None:
+            source = "prefetched" if prepared is not None else "pool"
+            self.metrics.create_seconds.labels(pool.name, source).observe(time.perf_counter() - started)
         log.info("session ready on %s", session.sandbox.name, extra={"session": session.id, "pool": pool.name})
         self.recorder.created(session)
         await self.recorder.confirm(session)
@@ -273,6 +280,7 @@ class SessionManager:
                 req = replace(req, env={**session.options.env, **req.env})
             if not req.cwd and not req.shell_session:  # a persistent shell keeps its own cwd
                 req = replace(req, cwd=session.workdir)
+            started = time.perf_counter()
             try:
                 result = await self._run_step(session, sandbox, req, on_chunk)
             except BaseException as e:
@@ -281,6 +289,8 @@ class SessionManager:
                 raise
         session.steps += 1
         self.execs_total += 1
+        if self.metrics is not None:
+            self.metrics.exec_seconds.labels(session.pool.name).observe(time.perf_counter() - started)
         if seq:
             future.set_result(result)
         await self.recorder.stepped(session, req, result, seq)
@@ -326,6 +336,8 @@ class SessionManager:
         async with self._busy(session_id) as (_, sandbox):
             result = await self.grader.grade(sandbox, task, mode=mode, timeout=timeout, rooms=rooms)
         self.recorder.graded(session, task.id, result)
+        if self.metrics is not None:
+            self.metrics.observe_grade(result.status.value, result.mode, result.duration, len(result.tampering))
         return session, task, result
 
     # -- reaping and shutdown -------------------------------------------------------------------

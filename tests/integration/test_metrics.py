@@ -1,0 +1,56 @@
+"""Prometheus metrics of a real daemon, scraped over HTTP and parsed with prometheus_client's own
+parser: calls by method and code, exec latency by pool, session creation, pool gauges."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from collections.abc import AsyncIterator
+
+import pytest
+from helpers import BUSYBOX, daemon_config, running_daemon
+from prometheus_client.parser import text_string_to_metric_families
+from rlsandbox.client import AsyncClient, NotFoundError
+from rlsandbox.daemon.config import PoolConfig
+from rlsandbox.daemon.server import NodeDaemon
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+async def node(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
+    pools = [PoolConfig(name="busybox", image=BUSYBOX, min_ready=2, max_total=8, memory_mb=64)]
+    async with running_daemon(daemon_config(pools=pools, metrics_listen="127.0.0.1:0")) as daemon:
+        yield daemon
+
+
+async def scrape(node: NodeDaemon) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    def get() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    text = await asyncio.to_thread(get)
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def test_calls_execs_and_pools_are_measured(node: NodeDaemon) -> None:
+    async with AsyncClient(node.address, timeout=60) as client:
+        async with client.session("busybox") as s:
+            for _ in range(3):
+                assert (await s.exec("true")).exit_code == 0
+        with pytest.raises(NotFoundError):
+            await client.exec("no-such-session", "true")
+    m = await scrape(node)
+    ok = m[("rlsandbox_grpc_server_handling_seconds_count", (("code", "OK"), ("method", "Exec")))]
+    missing = m[("rlsandbox_grpc_server_handling_seconds_count", (("code", "NOT_FOUND"), ("method", "Exec")))]
+    assert ok >= 3 and missing >= 1
+    assert m[("rlsandbox_exec_seconds_count", (("pool", "busybox"),))] >= 3
+    assert m[("rlsandbox_session_create_seconds_count", (("pool", "busybox"), ("source", "pool")))] >= 1
+    assert m[("rlsandbox_pool_max_total", (("image", BUSYBOX), ("pool", "busybox")))] == 8
+    assert m[("rlsandbox_pool_acquired_total", (("image", BUSYBOX), ("pool", "busybox")))] >= 1
+    assert ("rlsandbox_sessions", ()) in m and ("rlsandbox_event_loop_lag_seconds", ()) in m
+    assert ("rlsandbox_prefetch_handed_out_total", ()) in m
