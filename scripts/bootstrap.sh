@@ -19,6 +19,11 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
 fi
+if ! command -v promtool >/dev/null; then  # promtool, for the alert rules' tests (no node exporter)
+  log "installing prometheus (promtool)"
+  [ ${#need_pkgs[@]} -gt 0 ] || apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
 
 # gVisor needs its own --network=none here (no netns setup for sandboxes): see docs/ARCHITECTURE.md.
 mkdir -p /etc/docker

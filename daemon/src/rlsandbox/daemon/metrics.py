@@ -45,6 +45,12 @@ class Metrics:
             "rlsandbox_grade_seconds", "Grading time by mode.", ["mode"], buckets=LATENCY_BUCKETS, registry=r
         )
         self.tampering = Counter("rlsandbox_grade_tampering_findings_total", "Tampering findings of gradings.", registry=r)
+        self.sandbox_deaths = Counter(
+            "rlsandbox_sandbox_deaths_total",
+            "Sandboxes that died under a session, by pool and cause.",
+            ["pool", "cause"],
+            registry=r,
+        )
         self.loop_lag = Gauge("rlsandbox_event_loop_lag_seconds", "How late the last event-loop probe woke up.", registry=r)
         self.loop_lag_max = Gauge(
             "rlsandbox_event_loop_lag_max_seconds", "Largest event-loop lag since the last scrape.", registry=r

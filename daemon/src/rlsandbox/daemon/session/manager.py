@@ -259,6 +259,8 @@ class SessionManager:
         cause, oom = await session.pool.death_cause(session.sandbox) if session.sandbox is not None else (detail, False)
         self._bury(session, f"sandbox died: {cause}")
         self.recorder.died(session, cause, detail, oom)
+        if self.metrics is not None:
+            self.metrics.sandbox_deaths.labels(session.pool.name, "oom_killed" if oom else "died").inc()
         if session.sandbox is not None:
             session.pool.release(session.sandbox, f"sandbox died: {cause}")
         return f"sandbox of session {session.id} died: {cause}"
