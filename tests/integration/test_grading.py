@@ -33,7 +33,9 @@ async def grading_daemon(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
     config = daemon_config(
         pools=[
             PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=16),
-            PoolConfig(name="node", image="rlsandbox/node:latest", min_ready=1, max_total=4),
+            # A graded episode holds two sandboxes (its session and its clean room): validation runs 4 at
+            # once, so 4 would let every session wait for a room that cannot come.
+            PoolConfig(name="node", image="rlsandbox/node:latest", min_ready=1, max_total=8),
         ]
     )
     async with running_daemon(config) as node:
