@@ -54,3 +54,17 @@ async def test_calls_execs_and_pools_are_measured(node: NodeDaemon) -> None:
     assert m[("rlsandbox_pool_acquired_total", (("image", BUSYBOX), ("pool", "busybox")))] >= 1
     assert ("rlsandbox_sessions", ()) in m and ("rlsandbox_event_loop_lag_seconds", ()) in m
     assert ("rlsandbox_prefetch_handed_out_total", ()) in m
+
+
+async def test_status_watch_shows_the_node_live(node: NodeDaemon) -> None:
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rlsandbox.daemon.cli", "status", "--target", node.address, "--watch", "0.2", "--count", "2",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    frames = out.decode().strip().split("\n\n")
+    assert len(frames) == 2 and all(f.startswith(f"node {node.config.node_id}") for f in frames)
+    assert "/s)" in frames[1] and "busybox" in frames[1]

@@ -252,18 +252,55 @@ async def _status(args: argparse.Namespace) -> int:
     from rlsandbox.client import AsyncClient
 
     async with AsyncClient(args.target, timeout=10) as client:
-        st = await client.node_status()
-    print(
+        previous = None
+        shown = 0
+        while True:
+            st = await client.node_status()
+            now = time.monotonic()
+            frame = render_status(st, previous)
+            if args.watch and sys.stdout.isatty():
+                sys.stdout.write("\x1b[H\x1b[J")  # a live view: redraw in place
+            print(frame, flush=True)
+            shown += 1
+            if not args.watch or (args.count and shown >= args.count):
+                return 0
+            previous = (st, now)
+            await asyncio.sleep(args.watch)
+            if not sys.stdout.isatty():
+                print()
+
+
+def render_status(st: Any, previous: tuple[Any, float] | None) -> str:
+    """A node's status as text; with the previous status and when it was taken, rates too."""
+    elapsed = time.monotonic() - previous[1] if previous else 0.0
+    before = {p.name: p for p in previous[0].pools} if previous else {}
+
+    def rate(now: float, then: float | None) -> str:
+        return f"{(now - then) / elapsed:8.1f}" if then is not None and elapsed > 0 else f"{'-':>8}"
+
+    execs = rate(st.execs_total, previous[0].execs_total if previous else None).strip()
+    lines = [
         f"node {st.node_id} v{st.version}: {st.sessions}/{st.max_sessions} sessions, docker "
         f"{'ok' if st.docker_reachable else 'UNREACHABLE'}, load {st.load1:.2f}, {st.execs_total} execs"
-    )
-    print(f"{'pool':<12} {'ready':>5} {'in use':>6} {'creating':>8} {'max':>5} {'failures':>8}  image")
+        + (f" ({execs}/s)" if previous else ""),
+        f"{'pool':<28} {'ready':>5} {'in use':>6} {'creating':>8} {'waiting':>7} {'max':>5} {'failures':>8} "
+        f"{'recycled':>8} {'hand-outs/s':>11}  image",
+    ]
     for p in st.pools:
-        print(
-            f"{p.name:<12} {p.ready:>5} {p.in_use:>6} {p.creating:>8} {p.max_total:>5} {p.failed_total:>8}  {p.image}"
-            + (f"  last error: {p.last_error}" if p.last_error else "")
+        then = before.get(p.name)
+        lines.append(
+            f"{p.name[:28]:<28} {p.ready:>5} {p.in_use:>6} {p.creating:>8} {p.waiting:>7} {p.max_total:>5} "
+            f"{p.failed_total:>8} {p.recycled_total:>8} {rate(p.acquired_total, then.acquired_total if then else None):>11}"
+            f"  {p.image}" + (f"  last error: {p.last_error}" if p.last_error else "")
         )
-    return 0
+    if st.events is not None:
+        e = st.events
+        lines.append(
+            f"events: {'connected' if e.connected else 'NOT CONNECTED'}, {e.published_total} published, "
+            f"{e.queued} queued, {e.outbox_events} in the outbox, {e.dropped_total} dropped"
+            + (f"; last error: {e.last_error}" if e.last_error else "")
+        )
+    return "\n".join(lines)
 
 
 def _add_daemon_options(p: argparse.ArgumentParser) -> None:
@@ -286,4 +323,9 @@ def add_commands(sub: Any) -> None:
     up.set_defaults(handler=_up)
     status = sub.add_parser("status", help="show a daemon's pools and sessions")
     status.add_argument("--target", default="127.0.0.1:7420")
+    status.add_argument(
+        "--watch", type=float, nargs="?", const=2.0, default=0.0, metavar="SECONDS",
+        help="a live view: refresh every SECONDS (default 2), with rates",
+    )  # fmt: skip
+    status.add_argument("--count", type=int, default=0, help="with --watch: stop after this many refreshes")
     status.set_defaults(handler=_status)
