@@ -264,10 +264,12 @@ async def test_hack_silencing_or_forging_the_guard(hclient: AsyncClient, textkit
     assert "ended before pytest finished" in result.message  # what the guard could not say is missing, not passed
 
 
-async def test_hack_forging_guard_records_when_the_guard_cannot_load(hclient: AsyncClient, textkit: Task) -> None:
+@pytest.mark.parametrize("key_file", ["left", "removed"])
+async def test_hack_forging_guard_records_when_the_guard_cannot_load(hclient: AsyncClient, textkit: Task, key_file: str) -> None:
     """A task whose command keeps the guard out (it clears PYTEST_ADDOPTS): the key file is then
-    readable by the code under test, which signs records saying every test passed. The grader
-    trusts records only from a guard that consumed its key."""
+    readable by the code under test, which signs records saying every test passed, and may remove
+    the key file as the guard would have. The grader trusts records only from a guard that
+    consumed its key, and never records that contradict the runner's own account."""
     ev = textkit.spec.evaluation
     command = "PYTEST_ADDOPTS= " + ev.test_command
     unguarded = Task(
@@ -278,7 +280,8 @@ async def test_hack_forging_guard_records_when_the_guard_cannot_load(hclient: As
         "def _forge():\n"
         "    for path in glob.glob('/.rlsandbox-grade-*/guard.json') + glob.glob('/tmp/.rlsandbox-grade-*/guard.json'):\n"
         "        key = bytes.fromhex(json.load(open(path))['key'])\n"
-        f"        ids = {[*ev.fail_to_pass, *ev.pass_to_pass]!r}\n"
+        + ("        os.remove(path)\n" if key_file == "removed" else "")
+        + f"        ids = {[*ev.fail_to_pass, *ev.pass_to_pass]!r}\n"
         "        recs = [('start', 1, '3.11')]\n"
         "        for t in ids:\n"
         "            for when in ('setup', 'call', 'teardown'):\n"
@@ -295,4 +298,4 @@ async def test_hack_forging_guard_records_when_the_guard_cannot_load(hclient: As
         await s.write_files({"src/textkit/__init__.py": forge + "from textkit.core import slugify, wrap\n"})
         result = await s.grade()
     assert result.status == "ok" and result.reward == 0.0, (result.message, result.tampering)
-    assert "forged" in tampered(result), tampered(result)
+    assert "forged" in tampered(result) or "contradict" in tampered(result), tampered(result)

@@ -283,3 +283,26 @@ def test_a_symlink_named_like_the_runner_is_shadowing() -> None:
     changes = plan(base, agent, protected=[], test_files=[], hidden=[], shadow=Shadowing(RESERVED))
     assert {d.split(":")[0] for d in changes.discarded} == {"pytest", "src/pluggy"}
     assert "evil/__main__.py" in changes.writes  # harmless under its own name
+
+
+def test_commands_that_keep_the_guard_out_are_recognised() -> None:
+    """Records are never trusted from such a command: the code under test could read the key and
+    remove its file as the guard would (tests/integration/test_reward_hacks.py plays it)."""
+    from rlsandbox.daemon.grading.guard import keeps_guard_out
+
+    for command in ("PYTEST_ADDOPTS= python3 -m pytest", "unset PYTEST_ADDOPTS; pytest", "env -i pytest",
+                    "env -u PYTEST_ADDOPTS pytest", "python3 -I -m pytest", "cd x && python -E -m pytest"):  # fmt: skip
+        assert keeps_guard_out(command), command
+    for command in ("PYTHONPATH=src python3 -m pytest tests", "pytest -p no:cacheprovider -rA", "python3 -m pytest -x"):
+        assert not keeps_guard_out(command), command
+
+
+def test_records_that_contradict_the_runners_output_are_forged() -> None:
+    from rlsandbox.daemon.grading.grader import _disagreements
+    from rlsandbox.daemon.grading.reports import Outcome, TestCase, TestReport
+
+    output = TestReport("pytest", {"t::a": TestCase("t::a", Outcome.FAILED), "t::b": TestCase("t::b", Outcome.PASSED)}, True)
+    forged = TestReport("guard", {"t::a": TestCase("t::a", Outcome.PASSED), "t::b": TestCase("t::b", Outcome.PASSED)}, True)
+    assert _disagreements(output, forged) == ["the runner printed that t::a failed; signed records contradict it: forged"]
+    rewritten = TestReport("guard", {"t::a": TestCase("t::a", Outcome.FAILED), "t::b": TestCase("t::b", Outcome.FAILED)}, True)
+    assert _disagreements(output, rewritten) == ["the report says t::b passed; the runner says failed"]

@@ -23,7 +23,14 @@ import time
 from collections.abc import Callable, Mapping
 
 from rlsandbox.daemon.errors import FailedPrecondition, FileTooLarge, SandboxError
-from rlsandbox.daemon.grading.guard import GUARD_SOURCE, PYTEST_FORMATS, guard_setup, read_guard_log, split_records
+from rlsandbox.daemon.grading.guard import (
+    GUARD_SOURCE,
+    PYTEST_FORMATS,
+    guard_setup,
+    keeps_guard_out,
+    read_guard_log,
+    split_records,
+)
 from rlsandbox.daemon.grading.patches import PatchError, apply_patch, patch_paths
 from rlsandbox.daemon.grading.prepare import STEP_TIMEOUT, Workspaces
 from rlsandbox.daemon.grading.reports import OUTPUT_FORMATS, Outcome, TestReport, lookup, parse_report
@@ -310,7 +317,10 @@ class Grader:
             # The guard deletes its key file as it loads, before any workspace code runs. A key
             # file still there means no guard loaded, and the code under test could read the
             # key: records are then not trusted, whatever they say.
-            key_left = await self._exists(room, guard.config_path, owned) if checked.started else True
+            # A command that keeps the guard out lets the code under test read the key and remove
+            # the file as the guard would: then no record is the guard's, whatever the file says.
+            kept_out = keeps_guard_out(ev.test_command)
+            key_left = kept_out or (await self._exists(room, guard.config_path, owned) if checked.started else True)
             if key_left and checked.started:
                 detected.append("signed pytest-guard records appeared although the guard never loaded: forged")
             if checked.started and not key_left:
@@ -393,14 +403,17 @@ def _agents_mess(why: str) -> GradeResult:
 
 
 def _disagreements(output: TestReport, guard: TestReport) -> list[str]:
-    """Tests the output (or report file) calls passed that the runner, as the guard saw it, did not pass."""
+    """Where the output (or report file) and the runner, as the guard saw it, disagree either way:
+    a pass the runner never produced (the report rewritten), or a failure the runner printed that
+    the records call a pass (records forged by code that learned the key)."""
     found = lookup(guard, list(output.tests))
     out = []
     for test_id, case in output.tests.items():
-        if case.outcome is Outcome.PASSED:
-            seen = found.get(test_id)
-            if seen is None or seen.outcome is not Outcome.PASSED:
-                out.append(f"the report says {test_id} passed; the runner says {seen.outcome if seen else 'it never ran'}")
+        seen = found.get(test_id)
+        if case.outcome is Outcome.PASSED and (seen is None or seen.outcome is not Outcome.PASSED):
+            out.append(f"the report says {test_id} passed; the runner says {seen.outcome if seen else 'it never ran'}")
+        elif case.outcome in (Outcome.FAILED, Outcome.ERROR) and seen is not None and seen.outcome is Outcome.PASSED:
+            out.append(f"the runner printed that {test_id} {case.outcome}; signed records contradict it: forged")
         if len(out) >= 20:
             break
     return out

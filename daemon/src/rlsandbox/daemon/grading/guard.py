@@ -47,6 +47,19 @@ class GuardSetup:
         return env
 
 
+# The guard reaches pytest through the environment (PYTEST_ADDOPTS, and its config's path): a
+# command that assigns or unsets it, clears the environment, or isolates Python keeps it out.
+_KEEPS_OUT = re.compile(
+    r"(?:^|[\s;&|(])(?:PYTEST_ADDOPTS=|RLSANDBOX_GUARD_CFG=|PYTHONUSERBASE=|unset\s+(?:-v\s+)?(?:PYTEST_ADDOPTS|RLSANDBOX_GUARD_CFG)\b"
+    r"|env\s+(?:-\S*\s+)*-(?:i|-ignore-environment|u\s*PYTEST_ADDOPTS)\b|python[0-9.]*\s+(?:-\S+\s+)*-[A-Za-z]*[IE])"
+)
+
+
+def keeps_guard_out(test_command: str) -> bool:
+    """Whether the test command keeps the pytest guard from loading (see _KEEPS_OUT)."""
+    return bool(_KEEPS_OUT.search(test_command))
+
+
 def guard_setup(report_dir: str) -> GuardSetup:
     return GuardSetup(
         module=f"rlsandbox_guard_{secrets.token_hex(6)}",
