@@ -129,3 +129,21 @@ async def test_max_pools_removes_the_longest_unused_and_images_trim_to_the_disk_
     assert image_pool_name("other/p:1") not in cat and len(cat.image_pools) == 2
     await cat._trim_images()
     assert images.removed == ["other/p:1"]  # unused now, least recently used, over budget
+
+
+async def test_a_removed_image_pool_leaves_no_metric_series(catalog: Made) -> None:
+    """One image per instance means thousands of pools over a run: their series go with them."""
+    from rlsandbox.daemon.metrics import Metrics
+
+    cat, _ = catalog
+    metrics = Metrics()
+    cat.on_evict = metrics.forget_pool
+    pool = await cat.for_image("swe/a:1")
+    metrics.exec_seconds.labels(pool.name).observe(0.01)
+    metrics.create_seconds.labels(pool.name, "pool").observe(0.01)
+    metrics.exec_seconds.labels("python").observe(0.01)
+    assert pool.name in metrics.render().decode()
+    cat.idle_evict = 0.0
+    await cat._evict()
+    text = metrics.render().decode()
+    assert pool.name not in text and 'pool="python"' in text

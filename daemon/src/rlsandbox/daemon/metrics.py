@@ -57,6 +57,13 @@ class Metrics:
         )
         self._lag_peak = 0.0
 
+    def forget_pool(self, pool: str) -> None:
+        """Drop a removed pool's series: image pools come and go by the thousand (one per
+        instance image), and their labels must not pile up in every scrape."""
+        for metric in (self.exec_seconds, self.create_seconds, self.sandbox_deaths):
+            for labels in [k for k in metric._metrics if k[0] == pool]:
+                metric.remove(*labels)
+
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
         self.rpc_seconds.labels(method, code).observe(seconds)
 

@@ -86,6 +86,8 @@ class NodeDaemon:
             registry_auth=registry_auth(images.registry_auth_file),
             disk_budget_bytes=int(images.disk_budget_gb * (1 << 30)),
         )
+        if self.metrics is not None:
+            self.pools.on_evict = self.metrics.forget_pool
         self.grader = Grader(
             self.runtime,
             self.pools,

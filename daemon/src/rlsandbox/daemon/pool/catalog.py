@@ -80,6 +80,8 @@ class PoolCatalog(Mapping[str, WarmPool]):
         self._making: dict[str, asyncio.Future[WarmPool]] = {}
         self._demand: dict[str, list[tuple[float, int]]] = {}  # pool -> (time, acquired_total) samples
         self._pulled: dict[str, float] = {}  # images this node pulled -> last use (monotonic)
+        self._sizes: dict[str, int] = {}  # ... and their size, asked of the engine once, at the pull
+        self.on_evict: Callable[[str], None] | None = None  # told the name of each image pool removed
         self.made_total = 0
         self.evicted_total = 0
         self.pulled_total = 0
@@ -169,6 +171,7 @@ class PoolCatalog(Mapping[str, WarmPool]):
         except SandboxError as e:
             raise FailedPrecondition(f"image {image!r} could not be pulled from {self.registry}: {e.message}") from None
         self._pulled[image] = time.monotonic()
+        self._sizes[image] = await images.size(image)
         self.pulled_total += 1
         log.info("pulled image %s from %s", image, self.registry)
 
@@ -187,11 +190,12 @@ class PoolCatalog(Mapping[str, WarmPool]):
         now = time.monotonic()
         demand: dict[str, int] = {}
         for name, pool in self._dynamic.items():
+            stats = pool.stats()
             samples = self._demand.setdefault(name, [])
-            samples.append((now, pool.stats().acquired_total))
+            samples.append((now, stats.acquired_total))
             while len(samples) > 1 and samples[0][0] < now - DEMAND_WINDOW:
                 samples.pop(0)
-            demand[name] = samples[-1][1] - samples[0][1] + (1 if pool.stats().waiting else 0)
+            demand[name] = samples[-1][1] - samples[0][1] + (1 if stats.waiting else 0)
         total = sum(demand.values())
         for name, pool in self._dynamic.items():
             share = 0
@@ -215,6 +219,8 @@ class PoolCatalog(Mapping[str, WarmPool]):
             self._demand.pop(name, None)
             await pool.close(timeout=30)
             self.evicted_total += 1
+            if self.on_evict is not None:
+                self.on_evict(name)
             log.info("removed idle image pool %s", name, extra={"pool": name})
         return len(doomed)
 
@@ -224,8 +230,7 @@ class PoolCatalog(Mapping[str, WarmPool]):
             return
         images = self._factory.runtime.images
         in_use = {p.spec.container.image for p in self._dynamic.values()}
-        sizes = {i: await images.size(i) for i in self._pulled}
-        total = sum(sizes.values())
+        total = sum(self._sizes.get(i, 0) for i in self._pulled)
         for image in sorted(self._pulled, key=lambda i: self._pulled[i]):
             if total <= self.disk_budget_bytes:
                 break
@@ -236,7 +241,7 @@ class PoolCatalog(Mapping[str, WarmPool]):
             except SandboxError as e:  # used by a container being removed, say: next round
                 log.warning("removing image %s failed: %s", image, e.message)
                 continue
-            total -= sizes[image]
+            total -= self._sizes.pop(image, 0)
             del self._pulled[image]
             self.images_removed_total += 1
             log.info("removed image %s (disk budget)", image)
