@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from rlsandbox.daemon.storage import open_wal
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +103,7 @@ class SessionJournal:
         """Open (or create) the file; blocking I/O, so the daemon runs it in a worker thread."""
         if self._db is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, isolation_level=None, timeout=30, check_same_thread=False)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
+        with open_wal(self.path, timeout=30) as db:
             db.executescript(SCHEMA)
             columns = {r[1] for r in db.execute("PRAGMA table_info(sessions)")}
             if "emitted" not in columns:  # a file of an earlier version
@@ -120,9 +117,6 @@ class SessionJournal:
                 (self.node, self.node),
             )
             stored = {r[0] for r in db.execute("SELECT ref FROM task_tars WHERE node = ?", (self.node,))}
-        except BaseException:
-            db.close()
-            raise
         self._db = db
         self._stored_tars = stored
 

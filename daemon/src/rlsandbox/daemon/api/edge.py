@@ -133,6 +133,13 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
             code = "INTERNAL"
         self.metrics.observe_rpc(method, code, time.perf_counter() - started)
 
+    async def _failed(self, method: str, context: grpc.aio.ServicerContext, started: float, error: BaseException) -> None:
+        """Count a call that failed and map its error to a status (abort_with raises AbortError);
+        an abort or a cancellation already has its status and goes on as it is."""
+        self._observe(method, context, started, error)
+        if isinstance(error, Exception) and not isinstance(error, grpc.aio.AbortError):
+            await abort_with(context, error, method)
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -157,9 +164,7 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
                 try:
                     reply = await inner(request, context)
                 except BaseException as e:
-                    self._observe(method, context, started, e)
-                    if isinstance(e, Exception) and not isinstance(e, grpc.aio.AbortError):
-                        await abort_with(context, e, method)
+                    await self._failed(method, context, started, e)
                     raise
                 self._observe(method, context, started, None)
                 return reply
@@ -174,9 +179,7 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
                     async for item in stream_inner(request, context):
                         yield item
                 except BaseException as e:
-                    self._observe(method, context, started, e)
-                    if isinstance(e, Exception) and not isinstance(e, grpc.aio.AbortError):
-                        await abort_with(context, e, method)
+                    await self._failed(method, context, started, e)
                     raise
                 self._observe(method, context, started, None)
 

@@ -15,6 +15,8 @@ import threading
 import time
 from pathlib import Path
 
+from rlsandbox.daemon.storage import open_wal
+
 
 class Outbox:
     def __init__(self, path: str | Path, max_bytes: int) -> None:
@@ -34,11 +36,7 @@ class Outbox:
     def open(self) -> None:
         if self._db is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
+        with open_wal(self.path) as db:
             db.execute(
                 "CREATE TABLE IF NOT EXISTS outbox "
                 "(id INTEGER PRIMARY KEY, subject TEXT NOT NULL, msg_id TEXT NOT NULL, payload BLOB NOT NULL, "
@@ -52,9 +50,6 @@ class Outbox:
                 "events INTEGER NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL)"
             )
             row = db.execute("SELECT COALESCE(SUM(events), 0), COALESCE(SUM(LENGTH(payload)), 0) FROM outbox").fetchone()
-        except BaseException:
-            db.close()
-            raise
         self._db = db
         self.count, self.bytes = int(row[0]), int(row[1])
 

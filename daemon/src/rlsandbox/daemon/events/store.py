@@ -14,7 +14,6 @@ Several aggregator processes may share one database file (SQLite serialises thei
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 import orjson
 from rlsandbox.daemon.events.model import ALERT, CLOSED, CREATED, FAILED, FILES, HEARTBEAT, REWARD, STEP, decode_all
+from rlsandbox.daemon.storage import open_wal
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -56,15 +56,13 @@ BUCKETS = (0.0, 0.25, 0.5, 0.75, 1.0)
 class Store:
     def __init__(self, path: str | Path, *, run_label: str = RUN_LABEL, task_label: str = TASK_LABEL) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.run_label = run_label
         self.task_label = task_label
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=60)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=60000")
-        self._db.executescript(SCHEMA)
+        with open_wal(self.path, timeout=60) as db:
+            db.execute("PRAGMA busy_timeout=60000")
+            db.executescript(SCHEMA)
+        self._db = db
 
     def close(self) -> None:
         with self._lock:
