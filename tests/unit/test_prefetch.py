@@ -90,3 +90,28 @@ async def test_an_unknown_pool_is_a_clear_error() -> None:
     pf = Prefetcher({"default": FakePool()}, lambda sb, t: asyncio.sleep(0))
     with pytest.raises(NotFound, match="pool 'gpu' is not configured"):
         pf.prefetch(task("t", pool="gpu"), 1)
+
+
+async def test_known_tasks_are_bounded_in_bytes_and_warm_ones_stay() -> None:
+    """A trainer naming many tasks must not fill the node's memory with their workspaces, and
+    tasks kept warm are never forgotten (nor can they make forgetting loop forever)."""
+    pool = FakePool()
+    pf = Prefetcher({"default": pool}, lambda sb, t: asyncio.sleep(0), budget=1)
+    pf.known_bytes_limit = 250
+
+    def bundle(tid: str) -> Task:
+        spec = {"id": tid, "pool": "default", "workspace": {"source": "bundle", "path": "/w"},
+                "evaluation": {"test_command": "true", "report_format": "exit-code"}}  # fmt: skip
+        from rlsandbox.daemon.grading.task import tar_files
+
+        return Task.from_wire(json.dumps(spec), tar_files({"f": "x" * 10}))
+
+    size = len(bundle("x").workspace_tar)
+    pf.known_bytes_limit = 2 * size
+    warm = pf.prefetch(bundle("warm"), 1).ref
+    refs = [pf.prefetch(bundle(f"t{i}"), 0).ref for i in range(5)]
+    assert pf.known(warm).id == "warm" and pf.known(refs[-1]).id == "t4"
+    with pytest.raises(NotFound):
+        pf.known(refs[0])
+    assert pf._known_bytes <= 2 * size
+    await pf.close()

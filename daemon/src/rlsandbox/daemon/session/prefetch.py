@@ -29,7 +29,8 @@ from rlsandbox.daemon.session.ports import SandboxPool
 log = logging.getLogger(__name__)
 
 DEFAULT_TTL = 600.0
-KNOWN_TASKS = 4096  # tasks remembered by ref after their prefetch ended (least recently used go first)
+KNOWN_TASKS = 4096  # tasks remembered by ref after their prefetch ended (least recently used go first) ...
+KNOWN_BYTES = 1 << 30  # ... and the bytes of their workspaces, at most (a bundle may be 32 MB)
 PREPARE_TIMEOUT = 600.0
 
 
@@ -86,6 +87,8 @@ class Prefetcher:
         self.acquire_timeout = acquire_timeout
         self._warm: dict[str, _Warm] = {}
         self._known: collections.OrderedDict[str, Task] = collections.OrderedDict()
+        self._known_bytes = 0
+        self.known_bytes_limit = KNOWN_BYTES
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         self.handed_out_total = 0  # sessions and clean rooms that got a prepared sandbox
@@ -107,6 +110,9 @@ class Prefetcher:
         others = sum(w.target for r, w in self._warm.items() if r != ref)
         warm.target = max(0, min(count, self.budget - others))
         warm.failures = 0
+        if not (warm.target or warm.ready or warm.preparing):
+            del self._warm[ref]  # nothing kept: nothing to hold (its workspace stays known by ref, bounded)
+            return self.state(ref)
         self._fill(ref, warm)
         return self.state(ref)
 
@@ -117,12 +123,19 @@ class Prefetcher:
         return PrefetchState(ref, len(warm.ready), warm.preparing, warm.target, warm.last_error)
 
     def remember(self, ref: str, task: Task) -> None:
+        """Know ``task`` by ``ref``; past KNOWN_TASKS or KNOWN_BYTES the least recently used tasks
+        that are not kept warm are forgotten (a trainer naming thousands of tasks must not fill
+        the node's memory with their workspaces)."""
+        if ref not in self._known:
+            self._known_bytes += len(task.workspace_tar)
         self._known[ref] = task
         self._known.move_to_end(ref)
-        while len(self._known) > KNOWN_TASKS:
-            old, _ = self._known.popitem(last=False)
-            if old in self._warm:  # still kept warm: keep knowing it
-                self._known[old] = self._warm[old].task
+        for old in list(self._known):  # least recently used first
+            if len(self._known) <= KNOWN_TASKS and self._known_bytes <= self.known_bytes_limit:
+                break
+            warm = self._warm.get(old)
+            if old != ref and (warm is None or not (warm.target or warm.ready or warm.preparing)):
+                self._known_bytes -= len(self._known.pop(old).workspace_tar)
 
     def known(self, ref: str) -> Task:
         task = self._known.get(ref)
