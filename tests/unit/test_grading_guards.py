@@ -306,3 +306,32 @@ def test_records_that_contradict_the_runners_output_are_forged() -> None:
     assert _disagreements(output, forged) == ["the runner printed that t::a failed; signed records contradict it: forged"]
     rewritten = TestReport("guard", {"t::a": TestCase("t::a", Outcome.FAILED), "t::b": TestCase("t::b", Outcome.FAILED)}, True)
     assert _disagreements(output, rewritten) == ["the report says t::b passed; the runner says failed"]
+
+
+async def test_a_task_workspace_is_re_owned_once_for_a_recycling_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every session, clean room and prefetched sandbox of a task extracts the same workspace:
+    its form owned by the pool's user is made once, not re-packed every time."""
+    from types import SimpleNamespace
+
+    from rlsandbox.daemon.grading import prepare
+    from rlsandbox.daemon.grading.task import tar_files
+
+    packs: list[int] = []
+    real = prepare.owned_tar
+    monkeypatch.setattr(prepare, "owned_tar", lambda tar, uid, gid: packs.append(uid) or real(tar, uid, gid))
+    uploads: list[bytes] = []
+
+    class Runtime:
+        async def put_archive(self, cid: str, path: str, tar: bytes) -> None:
+            uploads.append(tar)
+
+    pool = SimpleNamespace(spec=SimpleNamespace(container=SimpleNamespace(run_as="1000:1000")))
+    ws = prepare.Workspaces(Runtime(), {"p": pool})  # type: ignore[arg-type,dict-item]
+    sandbox = SimpleNamespace(pool="p", container_id="c")
+    tar = tar_files({"a.py": "x = 1\n"})
+    for _ in range(3):
+        await ws.put(sandbox, "/w", tar, reused=True)  # type: ignore[arg-type]
+    await ws.put(sandbox, "/w", bytes(tar), reused=True)  # type: ignore[arg-type]  # equal content, another object
+    assert packs == [1000] and len(uploads) == 4 and len({bytes(u) for u in uploads}) == 1
+    await ws.put(sandbox, "/w", tar)  # type: ignore[arg-type]  # a one-off tar (a clean room's changes): not kept
+    assert packs == [1000, 1000]

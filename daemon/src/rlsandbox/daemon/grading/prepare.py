@@ -4,6 +4,7 @@ commands do not run as root), the git history reset to one commit, the task's se
 from __future__ import annotations
 
 import asyncio
+import collections
 import shlex
 from collections.abc import Mapping
 
@@ -16,6 +17,7 @@ from rlsandbox.daemon.runtime.docker import DockerRuntime
 from rlsandbox.daemon.sandbox import Sandbox
 
 STEP_TIMEOUT = 60.0
+OWNED_CACHE = 4  # task workspaces (32 MB at most each) kept re-owned for a recycling pool's user
 GIT_IDENTITY = ("-c", "user.name=rlsandbox", "-c", "user.email=rlsandbox@localhost", "-c", "commit.gpgsign=false")
 
 
@@ -23,6 +25,9 @@ class Workspaces:
     def __init__(self, runtime: DockerRuntime, pools: Mapping[str, WarmPool]) -> None:
         self.runtime = runtime
         self.pools = pools
+        # Task workspaces re-owned for a pool's user, by (uid, gid, size, hash): every session of a
+        # task (and every clean room, every prefetched sandbox) would otherwise re-pack the same tar.
+        self._owned: collections.OrderedDict[tuple[int, int, int, int], tuple[bytes, bytes]] = collections.OrderedDict()
 
     def owner(self, sandbox: Sandbox) -> tuple[int, int] | None:
         """(uid, gid) the sandbox's commands run as, when not root (recycling pools)."""
@@ -33,12 +38,25 @@ class Workspaces:
         uid, _, gid = run_as.partition(":")
         return int(uid), int(gid or uid)
 
-    async def put(self, sandbox: Sandbox, path: str, tar: bytes) -> None:
-        """Extract ``tar`` into ``path`` through the engine, owned by the sandbox's user."""
+    async def put(self, sandbox: Sandbox, path: str, tar: bytes, *, reused: bool = False) -> None:
+        """Extract ``tar`` into ``path`` through the engine, owned by the sandbox's user;
+        ``reused``: a task's workspace, extracted again and again (its re-owned form is kept)."""
         owner = self.owner(sandbox)
         if owner is not None:
-            tar = await asyncio.to_thread(owned_tar, tar, *owner)
+            tar = await self._owned_tar(tar, owner) if reused else await asyncio.to_thread(owned_tar, tar, *owner)
         await self.runtime.put_archive(sandbox.container_id, path, tar)
+
+    async def _owned_tar(self, tar: bytes, owner: tuple[int, int]) -> bytes:
+        key = (*owner, len(tar), await asyncio.to_thread(hash, tar))  # bytes keep their hash once computed
+        hit = self._owned.get(key)
+        if hit is not None and (hit[0] is tar or hit[0] == tar):
+            self._owned.move_to_end(key)
+            return hit[1]
+        owned = await asyncio.to_thread(owned_tar, tar, *owner)
+        self._owned[key] = (tar, owned)
+        while len(self._owned) > OWNED_CACHE:
+            self._owned.popitem(last=False)
+        return owned
 
     async def prepare(self, sandbox: Sandbox, task: Task, *, reset_git: bool = True) -> None:
         """Put the task's workspace in place and run its setup commands.
@@ -50,7 +68,7 @@ class Workspaces:
         if ws.source == "bundle":
             await self._run(sandbox, ExecRequest(argv=("mkdir", "-p", ws.path), timeout=STEP_TIMEOUT), "create the workspace")
             if task.workspace_tar:
-                await self.put(sandbox, ws.path, task.workspace_tar)
+                await self.put(sandbox, ws.path, task.workspace_tar, reused=True)
         if reset_git and ws.git == "reset":
             # One commit, the base: whatever history the workspace had (with the fix in it) is gone.
             git = " ".join(shlex.quote(a) for a in GIT_IDENTITY)
