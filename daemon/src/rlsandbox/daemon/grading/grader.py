@@ -102,12 +102,6 @@ class Grader:
         """Put the task's workspace in place and run its setup (TaskSetupFailed when they fail)."""
         await self.workspaces.prepare(sandbox, task, reset_git=reset_git)
 
-    def _owner(self, sandbox: Sandbox) -> tuple[int, int] | None:
-        return self.workspaces.owner(sandbox)
-
-    async def _put(self, sandbox: Sandbox, path: str, tar: bytes) -> None:
-        await self.workspaces.put(sandbox, path, tar)
-
     # -- grading --------------------------------------------------------------------------------
     async def grade(
         self,
@@ -179,7 +173,7 @@ class Grader:
                     chunk = tuple(posixpath.join(ws, p) for p in changes.deletes[i : i + 500])
                     await self._infra(room, ExecRequest(argv=("rm", "-rf", "--", *chunk), timeout=STEP_TIMEOUT), "delete files")
             if planned.tar:
-                await self._put(room, ws, planned.tar)
+                await self.workspaces.put(room, ws, planned.tar)
             changed = [posixpath.join(ws, p) for p, e in changes.writes.items() if e.type == "file" and p not in patch_targets]
             result = await self._evaluate(room, task, facts=facts, changed=changed, detected=planned.findings)
             result.tampering = changes.discarded + result.tampering
@@ -239,7 +233,7 @@ class Grader:
                 return GradeResult(GradeStatus.INVALID_TASK, None, f"the test patch does not apply: {e}")
             files.update({p: d for p, (d, _) in patched.items() if d is not None})
         if files:
-            await self._put(agent, ws, changes_tar({}, files))
+            await self.workspaces.put(agent, ws, changes_tar({}, files))
         # The naive baseline on purpose: no guard, no shadowing rules (the agent owns this sandbox's
         # interpreter and site-packages anyway). Tests use it to prove that each attack works.
         return await self._evaluate(agent, task, facts=None, changed=[], detected=[])
@@ -268,7 +262,7 @@ class Grader:
         ev = task.spec.evaluation
         # The report goes where the agent never had a sandbox and never saw the name (/tmp on a
         # read-only root, where commands run as the sandbox's user: recycling pools).
-        owned = self._owner(room) is not None
+        owned = self.workspaces.owner(room) is not None
         report_dir = f"{'/tmp' if owned else ''}/.rlsandbox-grade-{secrets.token_hex(8)}"
         report_path = f"{report_dir}/report"
         command = ev.test_command.replace("{report}", shlex.quote(report_path))
