@@ -101,10 +101,6 @@ class SessionManager:
         self.adopted_total = 0
         self.lost_total = 0
 
-    @property
-    def events(self) -> EventPublisher | None:
-        return self.recorder.events
-
     # -- the table of sessions ------------------------------------------------------------------
     def admit(self, session: Session) -> None:
         self.sessions[session.id] = session
