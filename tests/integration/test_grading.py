@@ -436,3 +436,28 @@ async def test_prefetched_sandboxes_start_sessions_and_clean_rooms(
     assert stopped.target == 0
     with pytest.raises(NotFoundError, match="unknown on this node"):
         await gclient.create_session(task=type(info)("py-calc@0000", 0, 0, 0, ""))
+
+
+async def test_a_traced_grade_shows_each_clean_room_step_as_a_child_span(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    from otlp import attributes, otlp_receiver
+    from rlsandbox.daemon import tracing
+
+    async with otlp_receiver() as (receiver, endpoint):
+        tracing.configure(endpoint, node_id="grading")
+        try:
+            async with gclient.session(task=tasks["py-calc"]) as s:
+                await solve_calc(s)
+                result = await s.grade()
+        finally:
+            await asyncio.to_thread(tracing.shutdown)
+    assert result.status == "ok" and result.reward == 1.0, result.message
+    [evaluate] = receiver.named("Evaluate")
+    steps = {sp.name: sp for sp in receiver.spans if sp.parent_span_id == evaluate.span_id}
+    assert {"grade.agent_archive", "grade.room", "grade.base_archive", "grade.plan", "grade.apply", "grade.tests"} <= set(steps)
+    assert attributes(steps["grade.tests"])["rlsandbox.guarded"] is True  # pytest ran under the guard
+    assert attributes(steps["grade.apply"])["rlsandbox.writes"] >= 1  # the agent's fix went in
+    for sp in steps.values():
+        assert sp.trace_id == evaluate.trace_id and evaluate.start_time_unix_nano <= sp.start_time_unix_nano
+        assert sp.end_time_unix_nano <= evaluate.end_time_unix_nano
+    [create] = receiver.named("CreateSession")
+    assert {sp.name for sp in receiver.spans if sp.parent_span_id == create.span_id} >= {"pool.acquire", "task.prepare"}

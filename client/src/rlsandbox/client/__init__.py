@@ -7,7 +7,7 @@ Depends on grpcio and protobuf only::
             r = await s.exec("pytest -q")
 """
 
-from rlsandbox.client._client import AsyncClient, AsyncSession
+from rlsandbox.client._client import AsyncClient, AsyncSession, opentelemetry_metadata
 from rlsandbox.client._errors import (
     DeadlineExceededError,
     FailedPreconditionError,
@@ -65,4 +65,5 @@ __all__ = [
     "TransportSecurityError",
     "UnauthenticatedError",
     "UnavailableError",
+    "opentelemetry_metadata",
 ]

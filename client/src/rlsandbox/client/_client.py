@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Optional, Tuple, TypeVar
 
 import grpc
 from rlsandbox.client import _policy
@@ -28,8 +28,27 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 T = TypeVar("T")
+# Called before every call; what it returns goes as gRPC metadata (e.g. a W3C ``traceparent``).
+MetadataHook = Callable[[], Iterable[Tuple[str, str]]]
 DEFAULT_TIMEOUT = 60.0
 MAX_MESSAGE = 128 << 20
+
+
+def opentelemetry_metadata() -> list[tuple[str, str]]:
+    """The caller's current OpenTelemetry trace context as gRPC metadata (``traceparent``,
+    ``tracestate``), so the daemon's spans join the trainer's trace. Pass it as ``metadata=``;
+    without the ``opentelemetry-api`` package installed it sends nothing."""
+    try:
+        from opentelemetry import propagate
+    except ImportError:
+        return []
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return list(carrier.items())
+
+
+def call_metadata(hook: Optional[MetadataHook]) -> Optional[Tuple[Tuple[str, str], ...]]:
+    return tuple(hook()) if hook is not None else None
 
 
 def channel_credentials(*, token: str | None, tls_ca: str | bytes | None) -> grpc.ChannelCredentials | None:
@@ -66,6 +85,8 @@ class AsyncClient:
         token: bearer token, for a daemon with ``auth_token_file`` (sent over TLS only).
         tls_ca: the CA certificate (PEM bytes, or a file path) that signed the daemon's
             certificate; with it the channel uses TLS. ``tls_server_name`` overrides the name checked.
+        metadata: called before each call; its pairs go as gRPC metadata. With
+            :func:`opentelemetry_metadata` the daemon's spans continue the caller's trace.
 
     Use as ``async with AsyncClient("127.0.0.1:7420") as client:``.
     """
@@ -78,9 +99,11 @@ class AsyncClient:
         token: str | None = None,
         tls_ca: str | bytes | None = None,
         tls_server_name: str | None = None,
+        metadata: MetadataHook | None = None,
     ) -> None:
         self.target = target
         self.timeout = timeout
+        self._metadata = metadata
         creds = channel_credentials(token=token, tls_ca=tls_ca)
         options = channel_options(tls_server_name)
         self._tls = creds is not None
@@ -107,7 +130,7 @@ class AsyncClient:
         attempt = 0
         while True:
             try:
-                return await stub(request, timeout=timeout)
+                return await stub(request, timeout=timeout, metadata=call_metadata(self._metadata))
             except grpc.RpcError as e:
                 error = from_rpc_error(e, self.target, self._tls)
                 attempt += 1
@@ -142,7 +165,8 @@ class AsyncClient:
     ) -> AsyncIterator[tuple[str, bytes | ExecResult]]:
         """Yield ``("stdout", bytes)`` / ``("stderr", bytes)`` while the command runs, then ``("result", ExecResult)``."""
         request = exec_request(session_id, command, **options)
-        call = self._stub.ExecStream(request, timeout=_policy.deadline("ExecStream", request, self.timeout))
+        timeout = _policy.deadline("ExecStream", request, self.timeout)
+        call = self._stub.ExecStream(request, timeout=timeout, metadata=call_metadata(self._metadata))
         try:
             async for event in call:
                 which = event.WhichOneof("event")

@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from rlsandbox.client import _policy
-from rlsandbox.client._client import DEFAULT_TIMEOUT, _batch_item, _files, channel_credentials, channel_options
+from rlsandbox.client._client import (
+    DEFAULT_TIMEOUT,
+    MetadataHook,
+    _batch_item,
+    _files,
+    call_metadata,
+    channel_credentials,
+    channel_options,
+)
 from rlsandbox.client._errors import SandboxRPCError, from_rpc_error
 from rlsandbox.client._requests import (
     Command,
@@ -36,7 +44,7 @@ class Client:
     Args:
         target: ``host:port`` or ``unix:/path``.
         timeout: default deadline of a call in seconds.
-        token, tls_ca, tls_server_name: as in :class:`AsyncClient`.
+        token, tls_ca, tls_server_name, metadata: as in :class:`AsyncClient`.
     """
 
     def __init__(
@@ -47,9 +55,11 @@ class Client:
         token: str | None = None,
         tls_ca: str | bytes | None = None,
         tls_server_name: str | None = None,
+        metadata: MetadataHook | None = None,
     ) -> None:
         self.target = target
         self.timeout = timeout
+        self._metadata = metadata
         creds = channel_credentials(token=token, tls_ca=tls_ca)
         self._tls = creds is not None
         options = channel_options(tls_server_name)
@@ -76,7 +86,7 @@ class Client:
         attempt = 0
         while True:
             try:
-                return stub(request, timeout=timeout)
+                return stub(request, timeout=timeout, metadata=call_metadata(self._metadata))
             except grpc.RpcError as e:
                 error = from_rpc_error(e, self.target, self._tls)
                 attempt += 1

@@ -150,6 +150,10 @@ class DaemonConfig(BaseModel):
     max_prefetched: int = Field(64, ge=0)
     metrics_listen: str = ""
     prefetch_ttl: float = Field(600.0, gt=0)
+    # OpenTelemetry tracing (daemon/tracing.py): spans to this OTLP/gRPC collector
+    # (http://host:4317 plaintext, https:// TLS); empty: off, at no cost.
+    tracing_otlp_endpoint: str = ""
+    tracing_sample_ratio: float = Field(1.0, ge=0, le=1)
     log_level: str = "INFO"
     # Authentication: TLS on the TCP listener, bearer tokens (one per line) required over TCP.
     tls_cert: str | None = None
@@ -186,6 +190,10 @@ class DaemonConfig(BaseModel):
 
     @model_validator(mode="after")
     def _remote_needs_auth(self) -> DaemonConfig:
+        if self.tracing_otlp_endpoint and not self.tracing_otlp_endpoint.startswith(("http://", "https://")):
+            raise ValueError(
+                f"tracing_otlp_endpoint {self.tracing_otlp_endpoint!r} must be http://host:port or https://host:port"
+            )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together")
         if self.metrics_listen and not is_loopback(self.metrics_listen) and not self.auth_token_file:

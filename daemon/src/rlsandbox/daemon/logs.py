@@ -39,6 +39,11 @@ def log_context(**fields: str) -> Iterator[None]:
         _context.reset(token)
 
 
+def context_field(name: str) -> str:
+    """A field of the current log context ('' if unset): the edge's request and trace ids."""
+    return _context.get().get(name, "")
+
+
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     out: dict[str, Any] = {**_node_fields, **_context.get()}
     for key in FIELDS:

@@ -21,7 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
-from rlsandbox.daemon import __version__
+from rlsandbox.daemon import __version__, tracing
 from rlsandbox.daemon.api.auth import BearerTokenInterceptor, is_loopback, load_tokens, server_credentials
 from rlsandbox.daemon.api.edge import EdgeInterceptor
 from rlsandbox.daemon.api.servicer import SandboxServicer
@@ -182,6 +182,11 @@ class NodeDaemon:
         raise_open_files_limit(self.config.max_sessions)
         set_node_fields(node=self.config.node_id)
         async with contextlib.AsyncExitStack() as undo:
+            if self.config.tracing_otlp_endpoint:
+                tracing.configure(
+                    self.config.tracing_otlp_endpoint, node_id=self.config.node_id, sample_ratio=self.config.tracing_sample_ratio
+                )
+                undo.push_async_callback(asyncio.to_thread, tracing.shutdown)
             await self.runtime.start()
             undo.push_async_callback(self.runtime.close)
             try:
@@ -383,6 +388,8 @@ class NodeDaemon:
             await self.journal.close()
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
+        if self.config.tracing_otlp_endpoint:
+            await asyncio.to_thread(tracing.shutdown)  # exports the spans still buffered
         if self.config.listen_unix:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.config.listen_unix)

@@ -1,11 +1,14 @@
-"""The cost of Prometheus metrics on the hot path: `true` through Exec with metrics off and on.
+"""The cost of metrics and tracing on the hot path: `true` through Exec with each off and on.
 
     python -m rlsandbox.loadtest.metrics_bench [--samples 2000] [--rounds 5] [--json out.json]
 
-Two real daemon processes on the same machine, one with ``metrics_listen`` set (scraped every
-second meanwhile, as Prometheus would, more often than usual), one without; the samples alternate
-between them in rounds, so that machine noise falls on both alike. Reported: p50/p99 of each, the
-overhead of metrics on p50 and on the mean, and throughput with 16 calls in flight.
+Three real daemon processes on the same machine: one with neither, one with ``metrics_listen``
+set (scraped every second meanwhile, as Prometheus would, more often than usual), one with
+``tracing_otlp_endpoint`` set (every call sampled, spans exported to an OTLP/gRPC receiver in
+this process); the samples alternate between them in rounds, so that machine noise falls on all
+alike. Reported: p50/p99 of each, the overhead on p50, on the mean and on throughput with 16 calls
+in flight, and what tracing off adds to a call (measured in-process: a few ns are far under what a
+latency comparison between processes can resolve).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import contextlib
 import os
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from rlsandbox.client import AsyncClient, AsyncSession
@@ -41,27 +44,87 @@ def _true(s: AsyncSession) -> Callable[[], Awaitable[Any]]:
     return lambda: s.exec(["true"])
 
 
+class _SpanSink:
+    """A stand-in OTLP/gRPC collector in this process: counts the spans it is sent."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[str]:
+        import grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+        sink = self
+
+        class Servicer(trace_service_pb2_grpc.TraceServiceServicer):
+            async def Export(self, request: Any, context: Any) -> Any:
+                sink.spans += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+                return trace_service_pb2.ExportTraceServiceResponse()
+
+        server = grpc.aio.server()
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            await server.stop(0)
+
+
+def off_path_ns(calls: int = 200_000) -> dict[str, float]:
+    """What tracing off adds to every call at the edge, in ns: the edge's context for a call with
+    tracing off (one check) against the log context alone, which is all the edge had before."""
+    from rlsandbox.daemon import tracing
+    from rlsandbox.daemon.logs import log_context
+
+    def call_context() -> contextlib.AbstractContextManager[None]:  # as in api/edge.py
+        if not tracing.enabled():
+            return log_context(request="r", trace="", session="s")
+        raise AssertionError("tracing must be off here")
+
+    def run(make: Callable[[], contextlib.AbstractContextManager[None]]) -> float:
+        best = float("inf")
+        for _ in range(5):
+            t = time.perf_counter_ns()
+            for _ in range(calls):
+                with make():
+                    pass
+            best = min(best, (time.perf_counter_ns() - t) / calls)
+        return best
+
+    plain = run(lambda: log_context(request="r", trace="", session="s"))
+    checked = run(call_context)
+    span = run(lambda: tracing.span("grade.tests"))  # a child span's cost, off
+    return {"log_context_ns": plain, "with_tracing_check_ns": checked, "added_ns": checked - plain, "span_off_ns": span}
+
+
 async def bench(samples: int, rounds: int) -> dict[str, Any]:
     port = free_port()
-    off_cfg = CONFIG.format(node=f"metricsbench-off-{os.getpid()}", metrics="")
-    on_cfg = CONFIG.format(node=f"metricsbench-on-{os.getpid()}", metrics=f'metrics_listen = "127.0.0.1:{port}"')
-    lat: dict[str, list[float]] = {"off": [], "on": []}
-    rates: dict[str, list[float]] = {"off": [], "on": []}
+    sink = _SpanSink()
+    names = ("off", "metrics", "tracing")
+    lat: dict[str, list[float]] = {n: [] for n in names}
+    rates: dict[str, list[float]] = {n: [] for n in names}
     scrapes = 0
-    async with (
-        daemon_process(off_cfg) as d_off,
-        daemon_process(on_cfg) as d_on,
-        AsyncClient(d_off.address, timeout=60) as c_off,
-        AsyncClient(d_on.address, timeout=60) as c_on,
-    ):
-        for c in (c_off, c_on):
+    async with contextlib.AsyncExitStack() as stack:
+        endpoint = await stack.enter_async_context(sink.serving())
+        extra = {
+            "off": "",
+            "metrics": f'metrics_listen = "127.0.0.1:{port}"',
+            "tracing": f'tracing_otlp_endpoint = "{endpoint}"',
+        }
+        clients: dict[str, AsyncClient] = {}
+        for n in names:
+            config = CONFIG.format(node=f"obsbench-{n}-{os.getpid()}", metrics=extra[n])
+            d = await stack.enter_async_context(daemon_process(config))
+            clients[n] = await stack.enter_async_context(AsyncClient(d.address, timeout=60))
+        for c in clients.values():
             await wait_ready(c, "python", 1, 300)
-        s_off = await c_off.create_session("python")
-        s_on = await c_on.create_session("python")
-        for s in (s_off, s_on):
+        sessions = {n: await c.create_session("python") for n, c in clients.items()}
+        for s in sessions.values():
             await timed_sequential(100, _true(s))  # warm-up
-        await wait_quiet(c_off)
-        await wait_quiet(c_on)
+        for c in clients.values():
+            await wait_quiet(c)
 
         async def scraper() -> None:
             nonlocal scrapes
@@ -74,41 +137,58 @@ async def bench(samples: int, rounds: int) -> dict[str, Any]:
         try:
             per = max(1, samples // rounds)
             for _ in range(rounds):
-                for name, s in (("off", s_off), ("on", s_on)):
-                    lat[name] += await timed_sequential(per, _true(s))
-                for name, s in (("off", s_off), ("on", s_on)):
-                    rates[name].append(await throughput(per, 16, _true(s)))
+                for n in names:
+                    lat[n] += await timed_sequential(per, _true(sessions[n]))
+                for n in names:
+                    rates[n].append(await throughput(per, 16, _true(sessions[n])))
         finally:
             scraping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await scraping
-        await s_off.close()
-        await s_on.close()
-    off, on = summary_ms(lat["off"]), summary_ms(lat["on"])
-    off_rate, on_rate = sum(rates["off"]) / len(rates["off"]), sum(rates["on"]) / len(rates["on"])
-    return {
-        "off": off,
-        "on": on,
-        "throughput_16_off": off_rate,
-        "throughput_16_on": on_rate,
-        "overhead_p50_percent": (on["p50"] / off["p50"] - 1) * 100,
-        "overhead_mean_percent": (on["mean"] / off["mean"] - 1) * 100,
-        "throughput_change_percent": (on_rate / off_rate - 1) * 100,
+        for s in sessions.values():
+            await s.close()
+    summary = {n: summary_ms(lat[n]) for n in names}
+    rate = {n: sum(rates[n]) / len(rates[n]) for n in names}
+    off = summary["off"]
+    micro = off_path_ns()
+    result: dict[str, Any] = {
+        **summary,
+        **{f"throughput_16_{n}": rate[n] for n in names},
         "scrapes": scrapes,
+        "spans_exported": sink.spans,
+        "tracing_off_path": micro,
+        "tracing_off_percent_of_p50": micro["added_ns"] / (off["p50"] * 1e6) * 100,
         "machine": machine(),
         "at": time.time(),
     }
+    for n in ("metrics", "tracing"):
+        result[f"{n}_overhead_p50_percent"] = (summary[n]["p50"] / off["p50"] - 1) * 100
+        result[f"{n}_overhead_mean_percent"] = (summary[n]["mean"] / off["mean"] - 1) * 100
+        result[f"{n}_throughput_change_percent"] = (rate[n] / rate["off"] - 1) * 100
+    return result
 
 
 def render(r: dict[str, Any]) -> str:
-    lines = latency_table([("`true` via Exec, metrics off", r["off"]), ("`true` via Exec, metrics on", r["on"])])
-    lines += [
-        "",
-        f"- overhead of metrics: p50 {r['overhead_p50_percent']:+.1f}%, mean {r['overhead_mean_percent']:+.1f}% "
-        f"({r['scrapes']} scrapes meanwhile)",
-        f"- throughput, 16 in flight: {r['throughput_16_off']:.0f}/s off, {r['throughput_16_on']:.0f}/s on "
-        f"({r['throughput_change_percent']:+.1f}%)",
-    ]
+    lines = latency_table(
+        [
+            ("`true` via Exec, metrics and tracing off", r["off"]),
+            ("`true` via Exec, metrics on", r["metrics"]),
+            ("`true` via Exec, tracing on (every call sampled)", r["tracing"]),
+        ]
+    )
+    micro = r["tracing_off_path"]
+    lines += [""]
+    for n, what in (("metrics", f"{r['scrapes']} scrapes meanwhile"), ("tracing", f"{r['spans_exported']} spans exported")):
+        lines.append(
+            f"- overhead of {n}: p50 {r[f'{n}_overhead_p50_percent']:+.1f}%, mean {r[f'{n}_overhead_mean_percent']:+.1f}%, "
+            f"throughput with 16 in flight {r[f'throughput_16_{n}']:.0f}/s vs {r['throughput_16_off']:.0f}/s "
+            f"({r[f'{n}_throughput_change_percent']:+.1f}%; {what})"
+        )
+    lines.append(
+        f"- tracing off, per call at the edge: {micro['with_tracing_check_ns']:.0f} ns vs {micro['log_context_ns']:.0f} ns "
+        f"for the log context alone: {micro['added_ns']:+.0f} ns, {r['tracing_off_percent_of_p50']:.3f}% of the p50; "
+        f"a child span off costs {micro['span_off_ns']:.0f} ns"
+    )
     return "\n".join(lines)
 
 

@@ -15,21 +15,27 @@ place, around every handler.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
+from rlsandbox.daemon import tracing
 from rlsandbox.daemon.api.limits import LimitExceeded, check
 from rlsandbox.daemon.errors import ResourceExhausted, SandboxError
 from rlsandbox.daemon.logs import log_context
 from rlsandbox.daemon.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+# The span of the call being served, while tracing is on (the edge records the call's status on it).
+context_span: contextvars.ContextVar[Any] = contextvars.ContextVar("rlsandbox_call_span", default=None)
 
 
 def _printable(value: object) -> str:
@@ -49,6 +55,20 @@ async def abort_with(context: grpc.aio.ServicerContext, error: Exception, method
         await context.abort(error.code, error.message)
     log.error("internal error in %s", method, exc_info=error)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see the daemon log")
+
+
+def _code(context: grpc.aio.ServicerContext, error: BaseException | None) -> str:
+    """The status code a call ended with, as its name."""
+    if error is None:
+        return "OK"
+    if isinstance(error, SandboxError):
+        return error.code.name
+    if isinstance(error, grpc.aio.AbortError):
+        status = context.code()
+        return status.name if isinstance(status, grpc.StatusCode) else "UNKNOWN"
+    if isinstance(error, asyncio.CancelledError):
+        return "CANCELLED"
+    return "INTERNAL"
 
 
 def _trace_id(traceparent: Any) -> str:
@@ -123,20 +143,15 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
         self._ids = itertools.count(1)
 
     def _observe(self, method: str, context: grpc.aio.ServicerContext, started: float, error: BaseException | None) -> None:
-        if self.metrics is None:
+        if self.metrics is None and not tracing.enabled():
             return
-        if error is None:
-            code = "OK"
-        elif isinstance(error, SandboxError):
-            code = error.code.name
-        elif isinstance(error, grpc.aio.AbortError):
-            status = context.code()
-            code = status.name if isinstance(status, grpc.StatusCode) else "UNKNOWN"
-        elif isinstance(error, asyncio.CancelledError):
-            code = "CANCELLED"
-        else:
-            code = "INTERNAL"
-        self.metrics.observe_rpc(method, code, time.perf_counter() - started)
+        code = _code(context, error)
+        if self.metrics is not None:
+            self.metrics.observe_rpc(method, code, time.perf_counter() - started)
+        if tracing.enabled():
+            current = context_span.get()
+            if current is not None:
+                tracing.finish(current, code)
 
     async def _failed(self, method: str, context: grpc.aio.ServicerContext, started: float, error: BaseException) -> None:
         """Count a call that failed and map its error to a status (abort_with raises AbortError);
@@ -161,12 +176,28 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
         inner: Any = handler.unary_unary
         stream_inner: Any = handler.unary_stream
 
+        def call_context(request: Any) -> contextlib.AbstractContextManager[None]:
+            session = getattr(request, "session_id", "")
+            if not tracing.enabled():  # the path of every call when tracing is off: as it was
+                return log_context(request=request_id, trace=trace, session=session)
+            return traced(session)
+
+        @contextlib.contextmanager
+        def traced(session: str) -> Iterator[None]:
+            with tracing.server_span(method, metadata, **{"rlsandbox.session": session, "rlsandbox.request": request_id}) as s:
+                token = context_span.set(s)
+                try:
+                    with log_context(request=request_id, trace=tracing.trace_id(s) or trace, session=session):
+                        yield
+                finally:
+                    context_span.reset(token)
+
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
             problem = _problem(request, method)
             if problem is not None:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
             started = time.perf_counter()
-            with log_context(request=request_id, trace=trace, session=getattr(request, "session_id", "")):
+            with call_context(request):
                 try:
                     reply = await inner(request, context)
                 except BaseException as e:
@@ -180,7 +211,7 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
             if problem is not None:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
             started = time.perf_counter()
-            with log_context(request=request_id, trace=trace, session=getattr(request, "session_id", "")):
+            with call_context(request):
                 try:
                     async for item in stream_inner(request, context):
                         yield item

@@ -22,6 +22,7 @@ import tarfile
 import time
 from collections.abc import Callable, Mapping
 
+from rlsandbox.daemon import tracing
 from rlsandbox.daemon.errors import FailedPrecondition, FileTooLarge, SandboxError
 from rlsandbox.daemon.grading.guard import (
     GUARD_SOURCE,
@@ -144,36 +145,43 @@ class Grader:
             raise FailedPrecondition(f"pool {agent.pool} is gone")
         ws = task.spec.workspace.path
         try:
-            agent_archive = await self.runtime.get_archive(agent.container_id, ws, self.max_workspace_bytes)
+            with tracing.span("grade.agent_archive", **{"rlsandbox.container": agent.container_id}):
+                agent_archive = await self.runtime.get_archive(agent.container_id, ws, self.max_workspace_bytes)
         except FileTooLarge:
             return _agents_mess(f"the workspace {ws} is over the grading limit of {self.max_workspace_bytes >> 20} MiB")
         prepared = rooms() if rooms is not None else None
-        room = prepared or await pool.acquire(self.acquire_timeout)
+        with tracing.span("grade.room", **{"rlsandbox.prefetched": prepared is not None}):
+            room = prepared or await pool.acquire(self.acquire_timeout)
         try:
             if prepared is None:
-                await self.prepare(room, task, reset_git=False)
+                with tracing.span("grade.prepare_room"):
+                    await self.prepare(room, task, reset_git=False)
             try:
-                facts, base_archive = await asyncio.gather(
-                    self._probe(room, task), self.runtime.get_archive(room.container_id, ws, MAX_SNAPSHOT_BYTES)
-                )
+                with tracing.span("grade.base_archive"):
+                    facts, base_archive = await asyncio.gather(
+                        self._probe(room, task), self.runtime.get_archive(room.container_id, ws, MAX_SNAPSHOT_BYTES)
+                    )
             except FileTooLarge:
                 raise TaskSetupFailed(
                     f"the task's own workspace is over the grading limit of {MAX_SNAPSHOT_BYTES >> 20} MiB"
                 ) from None
             try:
                 # Parsing, diffing, scanning and packing workspaces is CPU work: off the event loop.
-                planned = await asyncio.to_thread(plan_room, task, facts, base_archive, agent_archive)
+                with tracing.span("grade.plan"):
+                    planned = await asyncio.to_thread(plan_room, task, facts, base_archive, agent_archive)
             except AgentsMess as e:
                 result = _agents_mess(e.message)
                 result.tampering = e.discarded
                 return result
             changes, mine, patch_targets = planned.changes, planned.mine, planned.patch_targets
-            if changes.deletes:
+            with tracing.span(
+                "grade.apply", **{"rlsandbox.writes": len(changes.writes), "rlsandbox.deletes": len(changes.deletes)}
+            ):
                 for i in range(0, len(changes.deletes), 500):
                     chunk = tuple(posixpath.join(ws, p) for p in changes.deletes[i : i + 500])
                     await self._infra(room, ExecRequest(argv=("rm", "-rf", "--", *chunk), timeout=STEP_TIMEOUT), "delete files")
-            if planned.tar:
-                await self.workspaces.put(room, ws, planned.tar)
+                if planned.tar:
+                    await self.workspaces.put(room, ws, planned.tar)
             changed = [posixpath.join(ws, p) for p, e in changes.writes.items() if e.type == "file" and p not in patch_targets]
             result = await self._evaluate(room, task, facts=facts, changed=changed, detected=planned.findings)
             result.tampering = changes.discarded + result.tampering
@@ -292,9 +300,10 @@ class Grader:
             failed = [w for w in written if w.error]
             if failed:
                 raise FailedPrecondition(f"grader could not install the pytest guard: {failed[0].path}: {failed[0].error}")
-        run = await room.exec(
-            ExecRequest(shell=command, cwd=ws, env=env, timeout=ev.timeout, stdout_cap=OUTPUT_CAP, stderr_cap=OUTPUT_CAP)
-        )
+        with tracing.span("grade.tests", **{"rlsandbox.guarded": guard is not None}):
+            run = await room.exec(
+                ExecRequest(shell=command, cwd=ws, env=env, timeout=ev.timeout, stdout_cap=OUTPUT_CAP, stderr_cap=OUTPUT_CAP)
+            )
         stderr = split_records(run.stderr)[1] if guard is not None else run.stderr  # the guard's records apart
         stdout = split_records(run.stdout)[1] if guard is not None else run.stdout
         if ev.report_format in OUTPUT_FORMATS:

@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 
+from rlsandbox.daemon import tracing
 from rlsandbox.daemon.agent.channel import ChunkCallback
 from rlsandbox.daemon.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, SandboxDied, Unavailable
 from rlsandbox.daemon.events.publisher import EventPublisher
@@ -191,11 +192,13 @@ class SessionManager:
         started = time.perf_counter()
         try:
             prepared = self.prefetcher.take(options.task_ref) if options.task is not None else None
-            session.sandbox = prepared or await pool.acquire(options.acquire_timeout)
+            with tracing.span("pool.acquire", **{"rlsandbox.pool": pool.name, "rlsandbox.prefetched": prepared is not None}):
+                session.sandbox = prepared or await pool.acquire(options.acquire_timeout)
             try:
                 if options.task is not None and prepared is None:
                     assert self.grader is not None
-                    await self.grader.prepare(session.sandbox, options.task)
+                    with tracing.span("task.prepare", **{"rlsandbox.task": options.task.id}):
+                        await self.grader.prepare(session.sandbox, options.task)
                 # Durable before the session is handed out: a crash right after must re-adopt it.
                 await self.recorder.record(session)
             except BaseException:

@@ -22,6 +22,7 @@ from rlsandbox.daemon.events import model as ev
 from rlsandbox.daemon.events.publisher import EventPublisher
 from rlsandbox.daemon.grading.rewards import GradeResult
 from rlsandbox.daemon.journal import SEQ_BLOCK, JournalEntry, SessionJournal
+from rlsandbox.daemon.logs import context_field
 from rlsandbox.daemon.model import ExecRequest, ExecResult
 from rlsandbox.daemon.session.state import Session, SessionState
 
@@ -125,6 +126,9 @@ class Recorder:
         if self.events is None:
             return
         session.event_seq += 1
+        trace = context_field("trace")
+        if trace:  # the call's trace (the trainer's traceparent, or the node's span): events join up with traces
+            data["trace"] = trace
         event = ev.Event(type_, self.node_id, session.id, session.event_seq, data, dict(session.options.labels))
         if self.journal is not None and session.state is SessionState.READY:
             urgent = session.event_seq > session.seq_reserved - SEQ_BLOCK // 2
