@@ -221,3 +221,33 @@ async def test_a_removal_that_failed_is_retried_until_the_container_is_gone(
         docker_runtime.remove = real_remove  # type: ignore[method-assign]
         with contextlib.suppress(SandboxError):
             await real_remove(sb.container_id)
+
+
+async def test_two_nodes_on_one_host_never_sweep_each_others_agent_sockets(images: dict[str, str], no_leaks: None) -> None:
+    """Daemons of several nodes share the agent socket root (its default): before each node kept
+    its own folder under it, a node's sweep removed every folder it did not own, so the other
+    node's new sandboxes failed to start ("error mounting ... no such file or directory") and its
+    sandboxes could not be re-adopted after a restart."""
+    from helpers import TEST_OWNER
+
+    runtimes = [DockerRuntime(owner=f"{TEST_OWNER}-{n}", instance="pytest") for n in ("a", "b")]
+    for r in runtimes:
+        await r.start()
+    try:
+        factories = [SandboxFactory(r) for r in runtimes]
+        spec = PoolSpec(name="python", container=ContainerSpec(image="rlsandbox/python-task:latest"), min_ready=0, max_total=2)
+        sandbox = await factories[0].create(spec)
+        try:
+            folder = factories[0].socket_root / sandbox.name  # type: ignore[operator]
+            assert folder.is_dir()
+            await Reconciler(factories[1], interval=3600).sweep(grace=0)  # the other node starts up
+            assert folder.is_dir(), "another node's sweep removed this node's agent socket folder"
+            assert (await sandbox.exec(ExecRequest(argv=("true",)))).exit_code == 0
+        finally:
+            await factories[0].destroy(sandbox)
+        assert not folder.exists()  # its own node removes it
+        roots = [f.socket_root for f in factories]
+        assert roots[0] != roots[1] and roots[0].parent == roots[1].parent  # type: ignore[union-attr]
+    finally:
+        for r in runtimes:
+            await r.close()

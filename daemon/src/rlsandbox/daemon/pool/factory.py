@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import secrets
 import time
@@ -45,6 +46,12 @@ class SetupFailed(SandboxError):
     """A pool's setup command failed in a new sandbox."""
 
 
+def node_socket_folder(owner: str) -> str:
+    """The folder of one node's agent sockets under the shared root: short (a unix socket's path
+    has at most 107 bytes), and safe whatever the node id holds."""
+    return "n-" + hashlib.sha256(owner.encode()).hexdigest()[:10]
+
+
 class SandboxFactory:
     """Creates ready sandboxes and removes them; knows every container it has made.
 
@@ -62,11 +69,13 @@ class SandboxFactory:
     ) -> None:
         """Args:
         socket_root: host folder for the agents' unix sockets (runc sandboxes); None keeps
-            every agent on the container's attach stream.
+            every agent on the container's attach stream. Each node keeps its sockets in a
+            folder of its own under it (:func:`node_socket_folder`): daemons of several nodes
+            on one host share the root, and each sweeps only what it owns.
         """
         self.runtime = runtime
         self.agent_path = agent_path
-        self.socket_root = socket_root
+        self.socket_root = socket_root / node_socket_folder(runtime.owner) if socket_root is not None else None
         self.live: dict[str, str | None] = {}
         # Containers whose removal failed or timed out: the reconciler retries them until gone.
         self.unremoved: dict[str, str] = {}
