@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 import gc
 import os
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 from rlsandbox.daemon.config import DaemonConfig, PoolConfig
 from rlsandbox.daemon.server import NodeDaemon
@@ -70,3 +72,26 @@ async def fail_on_loop_exceptions() -> AsyncIterator[None]:
     if seen:
         found = [(c.get("message"), repr(c.get("exception")), repr(c.get("future"))[:300]) for c in seen]
         raise AssertionError(f"unhandled exceptions in the event loop: {found[:5]}")
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{what} not reached within {timeout:.0f} s")
+
+
+def events_config(tmp: Path, url: str, **extra: object) -> DaemonConfig:
+    options: dict[str, object] = {
+        "nats_url": url,
+        "events_outbox": str(tmp / "outbox.sqlite3"),
+        "heartbeat_interval": 0.5,
+        "events_publish_timeout": 1.0,
+        "pools": [
+            PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=16),
+            PoolConfig(name="busybox", image="rlsandbox/busybox:latest", min_ready=4, max_total=64, memory_mb=64, pids=64),
+        ],
+    }
+    return daemon_config(**{**options, **extra})

@@ -16,7 +16,7 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         self.spans: list[Any] = []  # opentelemetry.proto.trace.v1.Span
         self.resources: list[dict[str, str]] = []
 
-    async def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - the OTLP service's name
+    async def Export(self, request: Any, context: Any) -> Any:
         for rs in request.resource_spans:
             self.resources.append({a.key: a.value.string_value for a in rs.resource.attributes})
             for ss in rs.scope_spans:

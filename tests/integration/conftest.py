@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from helpers import TEST_OWNER, daemon_config, running_daemon
 from rlsandbox.client import AsyncClient
+from rlsandbox.daemon.events.aggregator import Aggregator
+from rlsandbox.daemon.events.nats_server import NatsServer
 from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, DockerRuntime
 from rlsandbox.daemon.server import NodeDaemon
 
@@ -36,3 +40,25 @@ async def daemon(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
 async def client(daemon: NodeDaemon) -> AsyncIterator[AsyncClient]:
     async with AsyncClient(daemon.address, timeout=30) as c:
         yield c
+
+
+@pytest.fixture
+async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
+    server = NatsServer(tmp_path / "jetstream")
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+async def aggregator(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Aggregator]:
+    agg = Aggregator(nats_server.url, tmp_path / "agg.sqlite3", http="127.0.0.1:0")
+    task = asyncio.create_task(agg.run())
+    await asyncio.wait_for(agg.started.wait(), 30)
+    try:
+        yield agg
+    finally:
+        agg.stop()
+        await asyncio.wait_for(task, 30)

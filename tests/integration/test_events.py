@@ -9,14 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import nats
 import pytest
-from helpers import daemon_config, running_daemon
+from helpers import events_config, eventually, running_daemon
 from rlsandbox.client import AsyncClient, AsyncSession
-from rlsandbox.daemon.config import DaemonConfig, PoolConfig
 from rlsandbox.daemon.events.aggregator import Aggregator
 from rlsandbox.daemon.events.connection import NatsAuth
 from rlsandbox.daemon.events.model import STREAM, token
@@ -28,51 +26,6 @@ from rlsandbox.daemon.server import NodeDaemon
 pytestmark = pytest.mark.docker
 
 TASKS = Path(__file__).resolve().parent.parent / "fixtures" / "tasks"
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{what} not reached within {timeout:.0f} s")
-
-
-def events_config(tmp: Path, url: str, **extra: object) -> DaemonConfig:
-    options: dict[str, object] = {
-        "nats_url": url,
-        "events_outbox": str(tmp / "outbox.sqlite3"),
-        "heartbeat_interval": 0.5,
-        "events_publish_timeout": 1.0,
-        "pools": [
-            PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=16),
-            PoolConfig(name="busybox", image="rlsandbox/busybox:latest", min_ready=4, max_total=64, memory_mb=64, pids=64),
-        ],
-    }
-    return daemon_config(**{**options, **extra})
-
-
-@pytest.fixture
-async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
-    server = NatsServer(tmp_path / "jetstream")
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
-@pytest.fixture
-async def aggregator(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Aggregator]:
-    agg = Aggregator(nats_server.url, tmp_path / "agg.sqlite3", http="127.0.0.1:0")
-    task = asyncio.create_task(agg.run())
-    await asyncio.wait_for(agg.started.wait(), 30)
-    try:
-        yield agg
-    finally:
-        agg.stop()
-        await asyncio.wait_for(task, 30)
 
 
 async def run_steps(s: AsyncSession, until: float, counter: list[int]) -> None:

@@ -93,7 +93,10 @@ async def test_calls_continue_the_trainers_trace_with_child_spans_and_ids_in_eve
     assert attributes(create)["rpc.grpc.status_code"] == "OK" and attributes(create)["rpc.method"] == "CreateSession"
     assert attributes(ok_exec)["rlsandbox.session"] == s.id
     assert attributes(failed_exec)["rpc.grpc.status_code"] == "NOT_FOUND"
-    assert failed_exec.status.code == failed_exec.status.STATUS_CODE_ERROR and ok_exec.status.code != ok_exec.status.STATUS_CODE_ERROR
+    assert (
+        failed_exec.status.code == failed_exec.status.STATUS_CODE_ERROR
+        and ok_exec.status.code != ok_exec.status.STATUS_CODE_ERROR
+    )
     [acquire] = receiver.named("pool.acquire")  # a step of CreateSession, as its child
     assert acquire.parent_span_id == create.span_id and attributes(acquire)["rlsandbox.pool"] == "busybox"
     assert receiver.resources[0]["service.name"] == "rlsandbox-daemon" and receiver.resources[0]["service.instance.id"] == "n1"
@@ -117,5 +120,5 @@ async def test_off_means_no_span_no_trace_field_and_the_shared_no_op(node: tuple
 
 
 def test_an_endpoint_that_is_not_a_url_is_refused_at_configuration() -> None:
-    with pytest.raises(ValueError, match="tracing_otlp_endpoint '127.0.0.1:4317' must be http://host:port"):
+    with pytest.raises(ValueError, match=r"tracing_otlp_endpoint '127\.0\.0\.1:4317' must be http://host:port"):
         DaemonConfig.model_validate({"tracing_otlp_endpoint": "127.0.0.1:4317"})

@@ -5,8 +5,8 @@ queue group, so each message goes to one of them; the store's primary keys make 
 A message is acknowledged only after the transaction holding it committed, so an aggregator
 killed at any point loses nothing: what it had not acknowledged is delivered again.
 
-HTTP API (JSON): ``/v1/runs``, ``/v1/tasks[?run=R]``, ``/v1/nodes``, ``/v1/alerts``,
-``/v1/integrity``, ``/v1/sessions/<id>`` (timeline), ``/v1/trajectories?run=R`` (JSONL).
+It also judges reward anomalies per run (events/anomalies.py) and publishes them as alert events,
+and serves the HTTP query API, the live dashboard and Prometheus metrics (events/web.py).
 """
 
 from __future__ import annotations
@@ -14,21 +14,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from pathlib import Path
-from typing import Any
 
 import nats
 import nats.errors
 import nats.js.errors
-import orjson
 from aiohttp import web
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from rlsandbox.daemon.events.anomalies import AnomalyRules, judge, windows_to_judge
 from rlsandbox.daemon.events.connection import NatsAuth
 from rlsandbox.daemon.events.model import CONSUMER, STREAM, SUBJECT_ROOT
 from rlsandbox.daemon.events.publisher import ensure_stream
 from rlsandbox.daemon.events.store import Store
+from rlsandbox.daemon.events.web import app as web_app
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class Aggregator:
         batch: int = 1000,
         http: str | None = None,
         auth: NatsAuth | None = None,
+        anomaly_rules: AnomalyRules | None = None,
     ) -> None:
         self.nats_url = nats_url
         self._auth_options = (auth or NatsAuth()).connect_options()
@@ -62,6 +64,10 @@ class Aggregator:
         self.applied_total = 0
         self.duplicates_total = 0
         self.invalid_total = 0
+        self.anomalies_total = 0
+        self.version = 0  # bumped whenever the store took new events
+        self.anomaly_rules = anomaly_rules or AnomalyRules()
+        self._published: dict[str, None] = {}  # anomaly ids this process published (in order)
         self._stop = asyncio.Event()
         self._nc: NATS | None = None
         self._runner: web.AppRunner | None = None
@@ -73,6 +79,7 @@ class Aggregator:
     async def run(self) -> None:
         if self.http:
             await self._start_http(self.http)
+        anomalies = asyncio.create_task(self._watch_anomalies(), name="aggregator-anomalies")
         try:
             while not self._stop.is_set():
                 try:
@@ -84,6 +91,10 @@ class Aggregator:
                         async with asyncio.timeout(1.0):
                             await self._stop.wait()
         finally:
+            self._stop.set()
+            anomalies.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await anomalies
             await self._close_nats()
             if self._runner is not None:
                 await self._runner.cleanup()
@@ -146,6 +157,8 @@ class Aggregator:
                 msgs, buffer[:] = buffer[:], []
                 new, dup, bad = await asyncio.to_thread(self.store.apply, [m.data for m in msgs])
                 self.applied_total += new
+                if new:
+                    self.version += 1  # open dashboards refresh (events/web.py, /v1/stream)
                 self.duplicates_total += dup
                 self.invalid_total += bad
                 if bad:
@@ -158,58 +171,51 @@ class Aggregator:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    # -- HTTP API -------------------------------------------------------------------------------
+    # -- reward anomalies (events/anomalies.py) --------------------------------------------------
+    async def _watch_anomalies(self) -> None:
+        """Judge the last complete windows of every run and publish what is anomalous as alert
+        events (the consumer stores them like any other; their ids make repeats harmless)."""
+        rules = self.anomaly_rules
+        interval = max(min(rules.window / 4, 10.0), 0.2)
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._stop.wait()
+            nc = self._nc
+            if self._stop.is_set() or nc is None or not nc.is_connected:
+                continue
+            now = time.time()
+            judged = windows_to_judge(now, rules)
+            first = judged.start - rules.baseline_windows
+            stats = await asyncio.to_thread(self.store.window_stats, first, judged.stop - 1, rules.window)
+            js = nc.jetstream(timeout=5)
+            for anomaly in judge(stats, now, rules):
+                event = anomaly.event(rules)
+                if event.msg_id in self._published:
+                    continue
+                try:
+                    await js.publish(event.subject, event.to_json(), headers={"Nats-Msg-Id": event.msg_id})
+                except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as e:
+                    log.warning("aggregator: could not publish anomaly %s (%s); retried at the next check", event.msg_id, e)
+                    break
+                self._published[event.msg_id] = None
+                self.anomalies_total += 1
+                log.warning("reward anomaly in run %s: %s", anomaly.run, anomaly.kind, extra={"fields": anomaly.data})
+            while len(self._published) > 10_000:  # a window is only judged look_back times
+                self._published.pop(next(iter(self._published)))
+
+    # -- HTTP API and dashboard (events/web.py) --------------------------------------------------
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
     async def _start_http(self, listen: str) -> None:
         host, _, port = listen.rpartition(":")
-        app = web.Application()
-
-        def json_response(value: Any) -> web.Response:
-            return web.Response(body=orjson.dumps(value), content_type="application/json")
-
-        async def runs(_: web.Request) -> web.Response:
-            return json_response(await asyncio.to_thread(self.store.runs))
-
-        async def tasks(req: web.Request) -> web.Response:
-            return json_response(await asyncio.to_thread(self.store.tasks, req.query.get("run")))
-
-        async def nodes(_: web.Request) -> web.Response:
-            return json_response(await asyncio.to_thread(self.store.nodes))
-
-        async def alerts(_: web.Request) -> web.Response:
-            return json_response(await asyncio.to_thread(self.store.alerts))
-
-        async def integrity(_: web.Request) -> web.Response:
-            return json_response(await asyncio.to_thread(self.store.integrity))
-
-        async def session(req: web.Request) -> web.Response:
-            timeline = await asyncio.to_thread(self.store.timeline, req.match_info["session"])
-            if not timeline:
-                raise web.HTTPNotFound(text=f"no events of session {req.match_info['session']}")
-            return json_response(timeline)
-
-        async def trajectories(req: web.Request) -> web.Response:
-            run = req.query.get("run")
-            if not run:
-                raise web.HTTPBadRequest(text="trajectories need ?run=<run label>")
-            lines = await asyncio.to_thread(lambda: b"".join(orjson.dumps(t) + b"\n" for t in self.store.trajectories(run)))
-            return web.Response(body=lines, content_type="application/x-ndjson")
-
-        app.add_routes(
-            [
-                web.get("/v1/runs", runs),
-                web.get("/v1/tasks", tasks),
-                web.get("/v1/nodes", nodes),
-                web.get("/v1/alerts", alerts),
-                web.get("/v1/integrity", integrity),
-                web.get("/v1/sessions/{session}", session),
-                web.get("/v1/trajectories", trajectories),
-            ]
-        )
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(web_app(self), access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host or "127.0.0.1", int(port))
         await site.start()
         server = site._server
         if server is not None and getattr(server, "sockets", None):
             self.http_port = int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
-        log.info("aggregator: HTTP API on %s:%s", host or "127.0.0.1", self.http_port)
+        log.info("aggregator: HTTP API and dashboard on http://%s:%s/", host or "127.0.0.1", self.http_port)

@@ -14,12 +14,16 @@ Several aggregator processes may share one database file (SQLite serialises thei
 
 from __future__ import annotations
 
+import bisect
+import math
+import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
+from rlsandbox.daemon.events.anomalies import WindowStats
 from rlsandbox.daemon.events.model import ALERT, CLOSED, CREATED, FAILED, FILES, HEARTBEAT, REWARD, STEP, decode_all
 from rlsandbox.daemon.storage import open_wal
 
@@ -46,7 +50,18 @@ CREATE TABLE IF NOT EXISTS alerts (key TEXT PRIMARY KEY, node TEXT NOT NULL, ses
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS seq_windows (session TEXT NOT NULL, lo INTEGER NOT NULL, hi INTEGER NOT NULL,
     PRIMARY KEY (session, lo)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS sessions_run_created ON sessions (run, created_ts);
+CREATE INDEX IF NOT EXISTS rewards_run_ts ON rewards (run, ts);
+CREATE INDEX IF NOT EXISTS alerts_ts ON alerts (ts);
+-- Rollups the dashboard reads (so a run of 100k episodes is never loaded whole): per second,
+-- what happened; per minute, how long steps took (counts per latency bucket, LATENCY_BOUNDS).
+CREATE TABLE IF NOT EXISTS activity (second INTEGER PRIMARY KEY, steps INTEGER NOT NULL DEFAULT 0,
+    created INTEGER NOT NULL DEFAULT 0, ended INTEGER NOT NULL DEFAULT 0, graded INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS step_latency (minute INTEGER NOT NULL, bucket INTEGER NOT NULL, n INTEGER NOT NULL,
+    PRIMARY KEY (minute, bucket)) WITHOUT ROWID;
 """
+# Upper bounds (seconds) of the step latency buckets; the last one is open.
+LATENCY_BOUNDS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, math.inf)
 
 RUN_LABEL = "run"
 TASK_LABEL = "task"
@@ -62,6 +77,7 @@ class Store:
         with open_wal(self.path, timeout=60) as db:
             db.execute("PRAGMA busy_timeout=60000")
             db.executescript(SCHEMA)
+            _add_column(db, "rewards", "tampering INTEGER NOT NULL DEFAULT 0")  # stores made before it
         self._db = db
 
     def close(self) -> None:
@@ -135,8 +151,36 @@ class Store:
             "max_seq = MAX(max_seq, excluded.max_seq)",
             [(*r, r[5]) for r in per_session.values()],
         )
+        self._rollup_steps([ev for ev, _ in steps])
         db.execute("RELEASE steps")
         return True
+
+    def _rollup_steps(self, steps: list[dict[str, Any]]) -> None:
+        """Steps per second, and their latencies per minute and bucket."""
+        per_second: dict[int, int] = {}
+        per_bucket: dict[tuple[int, int], int] = {}
+        for ev in steps:
+            ts = float(ev["ts"])
+            per_second[int(ts)] = per_second.get(int(ts), 0) + 1
+            duration = ev["data"].get("duration")
+            if isinstance(duration, int | float):
+                key = (int(ts) // 60 * 60, bisect.bisect_left(LATENCY_BOUNDS, duration))
+                per_bucket[key] = per_bucket.get(key, 0) + 1
+        self._db.executemany(
+            "INSERT INTO activity (second, steps) VALUES (?, ?) ON CONFLICT(second) DO UPDATE SET steps = steps + excluded.steps",
+            list(per_second.items()),
+        )
+        self._db.executemany(
+            "INSERT INTO step_latency (minute, bucket, n) VALUES (?, ?, ?) "
+            "ON CONFLICT(minute, bucket) DO UPDATE SET n = n + excluded.n",
+            [(m, b, n) for (m, b), n in per_bucket.items()],
+        )
+
+    def _activity(self, ts: float, column: str) -> None:
+        self._db.execute(
+            f"INSERT INTO activity (second, {column}) VALUES (?, 1) ON CONFLICT(second) DO UPDATE SET {column} = {column} + 1",
+            (int(ts),),
+        )
 
     def _bump(self, name: str, n: int) -> None:
         if n > 0:
@@ -186,19 +230,34 @@ class Store:
         )
         if typ == CREATED:
             db.execute("UPDATE sessions SET created_ts = ? WHERE session = ?", (ts, session))
+            self._activity(ts, "created")
         elif typ == STEP:
             db.execute("UPDATE sessions SET steps = steps + 1 WHERE session = ?", (session,))
+            self._rollup_steps([ev])
         elif typ == REWARD:
+            tampering = data.get("tampering")
             db.execute(
-                "INSERT OR IGNORE INTO rewards (session, seq, run, task, status, reward, resolved, ts) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (session, seq, run, task, str(data.get("status", "")), data.get("reward"), int(bool(data.get("resolved"))), ts),
+                "INSERT OR IGNORE INTO rewards (session, seq, run, task, status, reward, resolved, ts, tampering) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    session,
+                    seq,
+                    run,
+                    task,
+                    str(data.get("status", "")),
+                    data.get("reward"),
+                    int(bool(data.get("resolved"))),
+                    ts,
+                    len(tampering) if isinstance(tampering, list) else 0,
+                ),
             )
+            self._activity(ts, "graded")
         elif typ in (CLOSED, FAILED):
             db.execute(
                 "UPDATE sessions SET ended_ts = ?, state = ?, end_reason = ? WHERE session = ?",
                 (ts, typ, str(data.get("reason", "")), session),
             )
+            self._activity(ts, "ended")
         elif typ == ALERT:
             db.execute(
                 "INSERT OR IGNORE INTO alerts (key, node, session, kind, ts, data) VALUES (?, ?, ?, ?, ?, ?)",
@@ -224,6 +283,7 @@ class Store:
             f"SUM(status = 'infra_error') AS infra_errors, "
             f"SUM(status = 'timeout') AS timeouts, SUM(status = 'invalid_task') AS invalid, AVG(reward) AS mean_reward, "
             f"AVG(CASE WHEN reward IS NOT NULL THEN resolved END) AS pass_rate, COUNT(DISTINCT session) AS sessions, "
+            f"SUM(tampering > 0) AS tampered, "
             f"SUM(reward IS NOT NULL AND reward <= 0) AS r0, SUM(reward > 0 AND reward <= 0.25) AS r1, "
             f"SUM(reward > 0.25 AND reward <= 0.5) AS r2, SUM(reward > 0.5 AND reward < 1) AS r3, SUM(reward >= 1) AS r4 "
             f"FROM rewards {where} GROUP BY {group} ORDER BY {group}",
@@ -305,6 +365,93 @@ class Store:
             "invalid": counters.get("invalid", 0),
         }
 
+    # -- the dashboard's views (each bounded: SQL aggregates, paged lists) -------------------------
+    def activity(self, since: float, step: int = 10) -> list[dict[str, Any]]:
+        """Per ``step`` seconds from ``since``: steps, sessions created and ended, gradings."""
+        return self._rows(
+            "SELECT second / ? * ? AS t, SUM(steps) AS steps, SUM(created) AS created, SUM(ended) AS ended, "
+            "SUM(graded) AS graded FROM activity WHERE second >= ? GROUP BY t ORDER BY t",
+            (step, step, int(since)),
+        )
+
+    def latency(self, since: float) -> dict[str, Any]:
+        """Step latency percentiles (ms) since ``since`` (minute resolution), from the buckets:
+        interpolated within a bucket, so as exact as the buckets are (LATENCY_BOUNDS)."""
+        with self._lock:
+            counts = dict(
+                self._db.execute(
+                    "SELECT bucket, SUM(n) FROM step_latency WHERE minute >= ? GROUP BY bucket", (int(since) // 60 * 60,)
+                ).fetchall()
+            )
+        total = sum(counts.values())
+        out: dict[str, Any] = {"steps": total}
+        for q in (0.5, 0.9, 0.99):
+            out[f"p{round(q * 100)}_ms"] = _percentile(counts, total, q)
+        return out
+
+    def curve(self, run: str, points: int = 200) -> list[dict[str, Any]]:
+        """A run's rewards over time in at most ``points`` buckets: mean reward, pass rate,
+        gradings, infra errors and tampered gradings per bucket."""
+        with self._lock:
+            lo, hi = self._db.execute("SELECT MIN(ts), MAX(ts) FROM rewards WHERE run = ?", (run,)).fetchone()
+        if lo is None:
+            return []
+        width = max((hi - lo) / max(points, 1), 1.0)
+        return self._rows(
+            "SELECT CAST((ts - ?) / ? AS INTEGER) AS b, MIN(ts) AS t, COUNT(*) AS gradings, AVG(reward) AS mean_reward, "
+            "AVG(CASE WHEN reward IS NOT NULL THEN resolved END) AS pass_rate, SUM(status = 'infra_error') AS infra_errors, "
+            "SUM(tampering > 0) AS tampered FROM rewards WHERE run = ? GROUP BY b ORDER BY b",
+            (lo, width, run),
+        )
+
+    def run_sessions(self, run: str, *, before: float | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        """A page of a run's sessions, newest first (``before``: the created_ts the last page ended at)."""
+        rows = self._rows(
+            "SELECT s.session, s.node, s.task, s.created_ts, s.ended_ts, s.state, s.end_reason, s.steps, "
+            "(SELECT status FROM rewards r WHERE r.session = s.session ORDER BY r.seq DESC LIMIT 1) AS status, "
+            "(SELECT reward FROM rewards r WHERE r.session = s.session ORDER BY r.seq DESC LIMIT 1) AS reward "
+            "FROM sessions s WHERE s.run = ? AND COALESCE(s.created_ts, 0) < ? "
+            "ORDER BY COALESCE(s.created_ts, 0) DESC LIMIT ?",
+            (run, before if before is not None else math.inf, max(1, min(limit, 500))),
+        )
+        return rows
+
+    def rates(self, now: float, window: float = 60.0) -> dict[str, float]:
+        """Per second over the last ``window`` seconds: steps, sessions created and ended, gradings."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COALESCE(SUM(steps), 0), COALESCE(SUM(created), 0), COALESCE(SUM(ended), 0), COALESCE(SUM(graded), 0) "
+                "FROM activity WHERE second >= ? AND second < ?",
+                (int(now - window), int(now)),
+            ).fetchone()
+        return {name: value / window for name, value in zip(("steps", "created", "ended", "graded"), row, strict=True)}
+
+    def window_stats(self, first: int, last: int, width: float) -> list[WindowStats]:
+        """Per run, the gradings of windows ``first`` to ``last`` (window i: ts in [i*width, (i+1)*width))."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT run, CAST(ts / ? AS INTEGER) AS w, COUNT(*), SUM(status = 'infra_error'), SUM(reward IS NOT NULL), "
+                "COALESCE(SUM(reward), 0), SUM(tampering > 0) FROM rewards "
+                "WHERE ts >= ? AND ts < ? AND run IS NOT NULL GROUP BY run, w",
+                (width, first * width, (last + 1) * width),
+            ).fetchall()
+        return [WindowStats(*row) for row in rows]
+
+    def run_totals(self, runs: int = 200) -> list[tuple[str, str, int, float, int, int]]:
+        """(run, status, gradings, reward sum, rewarded, tampered) of the ``runs`` most recently
+        graded runs: counters for Prometheus (rewards only ever add rows)."""
+        with self._lock:
+            return self._db.execute(
+                "SELECT run, status, COUNT(*), COALESCE(SUM(reward), 0), SUM(reward IS NOT NULL), SUM(tampering > 0) "
+                "FROM rewards WHERE run IN (SELECT run FROM rewards WHERE run IS NOT NULL GROUP BY run "
+                "ORDER BY MAX(ts) DESC LIMIT ?) GROUP BY run, status",
+                (runs,),
+            ).fetchall()
+
+    def alert_counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._db.execute("SELECT kind, COUNT(*) FROM alerts GROUP BY kind").fetchall())
+
     def timeline(self, session: str) -> list[dict[str, Any]]:
         with self._lock:
             rows = self._db.execute("SELECT payload FROM events WHERE session = ? ORDER BY seq", (session,)).fetchall()
@@ -329,3 +476,32 @@ class Store:
                 "files": [dict(e["data"], seq=e["seq"], ts=e["ts"]) for e in events if e["type"] == FILES],
                 "rewards": [dict(e["data"], seq=e["seq"], ts=e["ts"]) for e in events if e["type"] == REWARD],
             }
+
+
+def _percentile(counts: dict[int, int], total: int, q: float) -> float | None:
+    if total == 0:
+        return None
+    rank = q * total
+    seen = 0
+    for bucket in sorted(counts):
+        n = counts[bucket]
+        if seen + n >= rank:
+            upper = LATENCY_BOUNDS[min(bucket, len(LATENCY_BOUNDS) - 1)]
+            lower = LATENCY_BOUNDS[bucket - 1] if bucket > 0 else 0.0
+            if math.isinf(upper):
+                return lower * 1000
+            return (lower + (upper - lower) * (rank - seen) / n) * 1000
+        seen += n
+    return None  # pragma: no cover - the ranks add up to total
+
+
+def _add_column(db: sqlite3.Connection, table: str, column: str) -> None:
+    """Add a column a store made by an earlier version lacks (another aggregator may race us to it)."""
+    name = column.split()[0]
+    if name in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+        return
+    try:
+        db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+    except sqlite3.OperationalError as e:
+        if "duplicate column" not in str(e):
+            raise

@@ -27,6 +27,7 @@ from rlsandbox.daemon.model import ExecRequest, ExecResult
 from rlsandbox.daemon.session.state import Session, SessionState
 
 log = logging.getLogger(__name__)
+MAX_TESTS = 500  # per-test outcomes in a reward event (the event is cut to 256 KiB anyway)
 
 JOURNAL_WAIT = 1.0  # seconds a step waits at most for its journal row (a stalled disk costs that, not an error)
 STORM_WINDOW = 60.0  # seconds: a timeout storm is this many ...
@@ -261,6 +262,8 @@ class Recorder:
                 "resolved": result.resolved,
                 "mode": result.mode,
                 "counts": result.counts(),
+                # Per test (the graded ones first, as the grader lists them), for the episode viewer.
+                "tests": [{"id": t.id[:300], "outcome": t.outcome, "group": t.group.value} for t in result.tests[:MAX_TESTS]],
                 "tampering": result.tampering[:50],
                 "duration": round(result.duration, 6),
                 "exit_code": result.exit_code,
