@@ -14,15 +14,22 @@ command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)
 [ -x /bin/busybox ] || need_pkgs+=(busybox-static)
 command -v docker-registry >/dev/null || need_pkgs+=(docker-registry)  # a local registry for the image-pool tests
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
+apt_updated=""
+apt_install() {  # apt_install [--no-install-recommends] package...
+  [ -n "$apt_updated" ] || { apt-get update -qq; apt_updated=1; }
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing ${need_pkgs[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+  apt_install "${need_pkgs[@]}"
+fi
+if ! command -v chromium >/dev/null; then  # a real browser for the dashboard's test (driven by Playwright)
+  log "installing chromium"
+  apt_install --no-install-recommends chromium
 fi
 if ! command -v promtool >/dev/null; then  # promtool, for the alert rules' tests (no node exporter)
   log "installing prometheus (promtool)"
-  [ ${#need_pkgs[@]} -gt 0 ] || apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  apt_install --no-install-recommends prometheus
 fi
 
 # gVisor needs its own --network=none here (no netns setup for sandboxes): see docs/ARCHITECTURE.md.

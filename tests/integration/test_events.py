@@ -408,3 +408,61 @@ async def test_no_event_can_block_the_others(tmp_path: Path) -> None:
     finally:
         await publisher.stop()
         await server.stop()
+
+
+async def test_reward_anomalies_become_one_alert_event_across_aggregators_and_show_in_metrics(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """A run's mean reward jumps and its tampering with it (what a policy that found a hack looks
+    like): two aggregators sharing the store both judge the window; JetStream's duplicate window
+    and the store's key keep one alert of each kind, which the alert API and /metrics show. The
+    reward events come through the real nats-server in the daemon's own format."""
+    import urllib.request
+
+    from rlsandbox.daemon.events.anomalies import AnomalyRules
+    from rlsandbox.daemon.events.model import REWARD, Event
+
+    rules = AnomalyRules(window=2.0, baseline_windows=5, min_gradings=5, settle=0.5)
+    db = tmp_path / "shared.sqlite3"
+    aggs = [Aggregator(nats_server.url, db, anomaly_rules=rules, http="127.0.0.1:0" if i == 0 else None) for i in range(2)]
+    tasks = [asyncio.create_task(a.run()) for a in aggs]
+    nc = await nats.connect(nats_server.url)
+    try:
+        await asyncio.gather(*(asyncio.wait_for(a.started.wait(), 30) for a in aggs))
+        js = nc.jetstream()
+        last = int((time.time() - rules.settle) // rules.window) - 1  # the newest complete window
+        n = 0
+        for index in range(last - 5, last + 1):
+            hacked = index == last
+            for i in range(8):
+                n += 1
+                ts = index * rules.window + 0.1 + i * 0.1
+                tampering = ["x"] if hacked else []
+                data = {"status": "ok", "reward": 0.9 if hacked else 0.1, "resolved": hacked, "tampering": tampering}
+                event = Event(REWARD, "n-fake", f"s{n}", 1, data, {"run": "hacked", "task": "t"}, ts=ts)
+                await js.publish(event.subject, event.to_json(), headers={"Nats-Msg-Id": event.msg_id})
+
+        async def alerted() -> bool:
+            kinds = [a["kind"] for a in await asyncio.to_thread(aggs[0].store.alerts)]
+            return "reward_jump" in kinds and "tampering_jump" in kinds
+
+        await eventually(alerted, timeout=30, what="the anomaly alerts")
+        await asyncio.sleep(3 * rules.window)  # both aggregators judged the window again meanwhile
+        alerts = await asyncio.to_thread(aggs[0].store.alerts)
+        assert sorted(a["kind"] for a in alerts) == ["reward_jump", "tampering_jump"], alerts
+        jump = next(a for a in alerts if a["kind"] == "reward_jump")
+        assert jump["node"] == "_aggregator" and jump["data"]["run"] == "hacked"
+        assert jump["data"]["mean_reward"] == pytest.approx(0.9) and jump["data"]["baseline_mean_reward"] == pytest.approx(0.1)
+        assert jump["data"]["window_start"] == last * rules.window
+        assert sum(a.anomalies_total for a in aggs) >= 2  # published (repeats dropped downstream)
+        body = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{aggs[0].http_port}/metrics", timeout=10).read().decode()
+        )
+        assert 'rlsandbox_run_gradings_total{run="hacked",status="ok"} 48.0' in body
+        assert 'rlsandbox_run_tampered_total{run="hacked"} 8.0' in body
+        assert 'rlsandbox_aggregator_alerts_total{kind="reward_jump"} 1.0' in body
+    finally:
+        await nc.close()
+        for a in aggs:
+            a.stop()
+        await asyncio.gather(*tasks)

@@ -33,8 +33,10 @@ def test_rules_fire_as_their_tests_say() -> None:
 
 
 def exported() -> set[str]:
-    """Metric names metrics.py exports, without their sample suffixes."""
-    source = (ROOT / "daemon" / "src" / "rlsandbox" / "daemon" / "metrics.py").read_text()
+    """Metric names the daemon (metrics.py) and the aggregator (events/web.py) export, without
+    their sample suffixes."""
+    daemon = ROOT / "daemon" / "src" / "rlsandbox" / "daemon"
+    source = (daemon / "metrics.py").read_text() + (daemon / "events" / "web.py").read_text()
     names = set(re.findall(r'"(rlsandbox_[a-z_]+)"', source))
     names |= {f"rlsandbox_pool_{f}" for f in re.findall(r'"([a-z_]+)": "', source)}  # the pool families
     return {base(n) for n in names}

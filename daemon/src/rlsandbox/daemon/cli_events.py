@@ -18,6 +18,7 @@ DEFAULT_DB = "/var/lib/rlsandbox/aggregator.sqlite3"
 
 async def _aggregator(args: argparse.Namespace) -> int:
     from rlsandbox.daemon.events.aggregator import Aggregator
+    from rlsandbox.daemon.events.anomalies import AnomalyRules
     from rlsandbox.daemon.events.connection import NatsAuth
 
     auth = NatsAuth(
@@ -28,7 +29,8 @@ async def _aggregator(args: argparse.Namespace) -> int:
         password_file=args.nats_password_file,
         tls_ca=args.nats_tls_ca,
     )
-    agg = Aggregator(args.nats, args.db, durable=args.durable, http=args.http or None, auth=auth)
+    rules = AnomalyRules(window=args.anomaly_window, min_gradings=args.anomaly_min_gradings)
+    agg = Aggregator(args.nats, args.db, durable=args.durable, http=args.http or None, auth=auth, anomaly_rules=rules)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agg.stop)
@@ -130,7 +132,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     agg = sub.add_parser("aggregator", help="consume the events stream into a SQLite database, serve queries")
     agg.add_argument("--nats", default="nats://127.0.0.1:4222", help="NATS server URL(s)")
     agg.add_argument("--db", default=DEFAULT_DB, help=f"SQLite database (default {DEFAULT_DB})")
-    agg.add_argument("--http", default="127.0.0.1:7421", help="HTTP query API address ('' to disable)")
+    agg.add_argument(
+        "--http", default="127.0.0.1:7421", help="HTTP query API, dashboard (/) and metrics (/metrics) address ('' to disable)"
+    )
+    agg.add_argument("--anomaly-window", type=float, default=60.0, help="seconds per window of the reward anomaly checks")
+    agg.add_argument(
+        "--anomaly-min-gradings", type=int, default=20, help="gradings a window needs before its anomalies are judged"
+    )
     agg.add_argument(
         "--durable", default="rlsandbox-aggregators", help="durable consumer and queue group (shared by aggregators)"
     )
