@@ -246,6 +246,8 @@ async def _show_demo_events(aggregator: Any, timeout: float = 15.0) -> None:
         f"{integrity['events']} events, {integrity['missing_events']} missing, {integrity['duplicates']} duplicates "
         "(rlsandbox stats --db <state-dir>/aggregator.sqlite3)"
     )
+    if aggregator.http_port:
+        print(f"dashboard: http://127.0.0.1:{aggregator.http_port}/#run=demo (live; metrics at /metrics)")
 
 
 async def _status(args: argparse.Namespace) -> int:

@@ -99,6 +99,22 @@ def off_path_ns(calls: int = 200_000) -> dict[str, float]:
     return {"log_context_ns": plain, "with_tracing_check_ns": checked, "added_ns": checked - plain, "span_off_ns": span}
 
 
+def metrics_path_ns(calls: int = 100_000) -> float:
+    """What metrics add to an Exec, in ns: the call's histogram by method and code, and the
+    command's by pool (as api/edge.py and session/manager.py observe them)."""
+    from rlsandbox.daemon.metrics import Metrics
+
+    metrics = Metrics()
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter_ns()
+        for _ in range(calls):
+            metrics.observe_rpc("Exec", "OK", 0.0017)
+            metrics.exec_seconds.labels("python").observe(0.0012)
+        best = min(best, (time.perf_counter_ns() - t) / calls)
+    return best
+
+
 async def bench(samples: int, rounds: int) -> dict[str, Any]:
     port = free_port()
     sink = _SpanSink()
@@ -158,6 +174,7 @@ async def bench(samples: int, rounds: int) -> dict[str, Any]:
         "spans_exported": sink.spans,
         "tracing_off_path": micro,
         "tracing_off_percent_of_p50": micro["added_ns"] / (off["p50"] * 1e6) * 100,
+        "metrics_path_ns": metrics_path_ns(),
         "machine": machine(),
         "at": time.time(),
     }
@@ -184,6 +201,10 @@ def render(r: dict[str, Any]) -> str:
             f"throughput with 16 in flight {r[f'throughput_16_{n}']:.0f}/s vs {r['throughput_16_off']:.0f}/s "
             f"({r[f'{n}_throughput_change_percent']:+.1f}%; {what})"
         )
+    lines.append(
+        f"- metrics, per Exec in-process: {r['metrics_path_ns']:.0f} ns, "
+        f"{r['metrics_path_ns'] / (r['off']['p50'] * 1e4):.3f}% of the p50"
+    )
     lines.append(
         f"- tracing off, per call at the edge: {micro['with_tracing_check_ns']:.0f} ns vs {micro['log_context_ns']:.0f} ns "
         f"for the log context alone: {micro['added_ns']:+.0f} ns, {r['tracing_off_percent_of_p50']:.3f}% of the p50; "

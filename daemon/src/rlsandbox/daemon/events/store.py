@@ -78,6 +78,8 @@ class Store:
             db.execute("PRAGMA busy_timeout=60000")
             db.executescript(SCHEMA)
             _add_column(db, "rewards", "tampering INTEGER NOT NULL DEFAULT 0")  # stores made before it
+            # The events counted once (a store made before the counter), then kept by apply().
+            db.execute("INSERT OR IGNORE INTO counters (name, value) SELECT 'events', COUNT(*) FROM events")
         self._db = db
 
     def close(self) -> None:
@@ -104,7 +106,7 @@ class Store:
                 decoded.extend((ev, orjson.dumps(ev)) for ev in events)
             else:
                 decoded.append((events[0], payload))
-        new = dup = 0
+        new = dup = stored = 0  # stored: new session events (the events table; node events are apart)
         with self._lock, self._db:
             self._db.execute("BEGIN IMMEDIATE")
             steps = [(ev, p) for ev, p in decoded if ev["type"] == STEP and ev["session"]]
@@ -114,11 +116,14 @@ class Store:
             for ev, payload in others:
                 if self._apply_one(ev, payload):
                     new += 1
+                    stored += 1 if ev["session"] else 0
                 else:
                     dup += 1
             if others is not decoded:
                 new += len(steps)
+                stored += len(steps)
             self._bump("duplicates", dup)
+            self._bump("events", stored)  # the count integrity() reports, without counting the table
             self._bump("invalid", bad)
         return new, dup, bad
 
@@ -343,7 +348,7 @@ class Store:
 
     def integrity(self) -> dict[str, Any]:
         with self._lock:
-            events = self._db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+            events = self._db.execute("SELECT value FROM counters WHERE name = 'events'").fetchone()[0]
             sessions, missing, dups = self._db.execute(
                 "SELECT COUNT(*), COALESCE(SUM(max_seq - events), 0), COALESCE(SUM(duplicates), 0) FROM sessions"
             ).fetchone()
@@ -405,13 +410,14 @@ class Store:
         )
 
     def run_sessions(self, run: str, *, before: float | None = None, limit: int = 50) -> list[dict[str, Any]]:
-        """A page of a run's sessions, newest first (``before``: the created_ts the last page ended at)."""
+        """A page of a run's sessions, newest first (``before``: the created_ts the last page ended
+        at), by the (run, created_ts) index. A session whose created event never arrived is in the
+        run's numbers but in no page."""
         rows = self._rows(
             "SELECT s.session, s.node, s.task, s.created_ts, s.ended_ts, s.state, s.end_reason, s.steps, "
             "(SELECT status FROM rewards r WHERE r.session = s.session ORDER BY r.seq DESC LIMIT 1) AS status, "
             "(SELECT reward FROM rewards r WHERE r.session = s.session ORDER BY r.seq DESC LIMIT 1) AS reward "
-            "FROM sessions s WHERE s.run = ? AND COALESCE(s.created_ts, 0) < ? "
-            "ORDER BY COALESCE(s.created_ts, 0) DESC LIMIT ?",
+            "FROM sessions s WHERE s.run = ? AND s.created_ts < ? ORDER BY s.created_ts DESC LIMIT ?",
             (run, before if before is not None else math.inf, max(1, min(limit, 500))),
         )
         return rows

@@ -52,6 +52,27 @@ def _number(req: web.Request, name: str, default: float, lo: float, hi: float) -
     return min(max(value, lo), hi)
 
 
+class _Memo:
+    """The dashboard's views, computed at most once per second and store version whatever the
+    number of open dashboards (each refreshes on every change); a bounded number of entries."""
+
+    def __init__(self, agg: Aggregator, entries: int = 256) -> None:
+        self.agg = agg
+        self.entries = entries
+        self._cache: dict[str, tuple[tuple[int, int], bytes]] = {}
+
+    async def json(self, key: str, compute: Any, *args: Any, **kwargs: Any) -> web.Response:
+        stamp = (self.agg.version, int(time.time()))
+        hit = self._cache.get(key)
+        if hit is None or hit[0] != stamp:
+            body = orjson.dumps(await asyncio.to_thread(compute, *args, **kwargs))
+            self._cache.pop(key, None)
+            self._cache[key] = hit = (stamp, body)
+            while len(self._cache) > self.entries:
+                self._cache.pop(next(iter(self._cache)))
+        return web.Response(body=hit[1], content_type="application/json")
+
+
 class _StoreCollector(Collector):
     def __init__(self, agg: Aggregator) -> None:
         self.agg = agg
@@ -101,6 +122,7 @@ def app(agg: Aggregator) -> web.Application:
     store = agg.store
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_StoreCollector(agg))
+    memo = _Memo(agg)
 
     async def off_loop(fn: Any, *args: Any) -> web.Response:
         return _json(await asyncio.to_thread(fn, *args))
@@ -109,7 +131,7 @@ def app(agg: Aggregator) -> web.Application:
         return await off_loop(store.runs)
 
     async def tasks(req: web.Request) -> web.Response:
-        return await off_loop(store.tasks, req.query.get("run"))
+        return await memo.json(req.path_qs, store.tasks, req.query.get("run"))
 
     async def nodes(_: web.Request) -> web.Response:
         return await off_loop(store.nodes)
@@ -148,26 +170,25 @@ def app(agg: Aggregator) -> web.Application:
             "integrity": store.integrity(),
         }
 
-    async def overview(_: web.Request) -> web.Response:
-        return await off_loop(overview_now)
+    async def overview(req: web.Request) -> web.Response:
+        return await memo.json(req.path_qs, overview_now)
 
     async def activity(req: web.Request) -> web.Response:
         minutes = _number(req, "minutes", 30, 1, 24 * 60)
         step = int(_number(req, "step", max(1, minutes * 60 // 180), 1, 3600))
         since = int(time.time() - minutes * 60) // step * step
-        points = await asyncio.to_thread(store.activity, since, step)
-        return _json({"since": since, "step": step, "until": time.time(), "points": points})
+        return await memo.json(
+            req.path_qs, lambda: {"since": since, "step": step, "until": time.time(), "points": store.activity(since, step)}
+        )
 
     async def curve(req: web.Request) -> web.Response:
-        return await off_loop(store.curve, req.match_info["run"], int(_number(req, "points", 200, 2, 2000)))
+        return await memo.json(req.path_qs, store.curve, req.match_info["run"], int(_number(req, "points", 200, 2, 2000)))
 
     async def run_sessions(req: web.Request) -> web.Response:
         before = req.query.get("before")
         limit = int(_number(req, "limit", 50, 1, 500))
-        page = await asyncio.to_thread(
-            store.run_sessions, req.match_info["run"], before=_number(req, "before", 0, 0, 1e12) if before else None, limit=limit
-        )
-        return _json(page)
+        start = _number(req, "before", 0, 0, 1e12) if before else None
+        return await memo.json(req.path_qs, store.run_sessions, req.match_info["run"], before=start, limit=limit)
 
     async def stream(req: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
