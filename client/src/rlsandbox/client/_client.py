@@ -216,6 +216,12 @@ class AsyncClient:
         r = await self._call("Prefetch", request)
         return PrefetchInfo(r.ref, r.ready, r.preparing, r.target, r.last_error)
 
+    async def fork(self, session_id: str, count: int, *, labels: Optional[Mapping[str, str]] = None) -> list[AsyncSession]:
+        """``count`` new sessions whose filesystem equals this session's now (see
+        :meth:`AsyncSession.fork`)."""
+        r = await self._call("Fork", pb.ForkRequest(session_id=session_id, count=count, labels=dict(labels or {})))
+        return [AsyncSession(self, SessionInfo.from_pb(s)) for s in r.sessions]
+
     async def node_status(self) -> NodeStatus:
         """Pools (ready, in use, creating, failures), sessions, capacity, load, version, events."""
         return NodeStatus.from_pb(await self._call("GetNodeStatus", pb.GetNodeStatusRequest()))
@@ -262,6 +268,14 @@ class AsyncSession:
         """The reward of this session's work, from its task (or ``task``). ``mode="in_place"`` runs
         the tests in this sandbox: faster, and weaker against an agent that tampered with it."""
         return await self.client.evaluate(self.id, task=task, mode=mode, timeout=timeout)
+
+    async def fork(self, count: int, *, labels: Optional[Mapping[str, str]] = None) -> list[AsyncSession]:
+        """``count`` new sessions, each on its own sandbox, whose filesystem (the workspace and
+        everything else this session changed) equals this one's now, with its options and task
+        (each can be graded) and ``labels`` on top of its labels: a GRPO group, or branches of a
+        tree search. Processes and memory are not copied (persistent shells start afresh). All
+        or nothing; never retried (a retry would fork twice). Close the forks when done."""
+        return await self.client.fork(self.id, count, labels=labels)
 
     async def refresh(self) -> SessionInfo:
         self.info = await self.client.get_session(self.id)

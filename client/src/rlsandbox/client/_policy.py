@@ -56,7 +56,11 @@ POLICIES: dict[str, CallPolicy] = {
     "Evaluate": CallPolicy(lambda r: r.timeout or GRADE_TIMEOUT, _always),
     "GetNodeStatus": CallPolicy(_none, _always),
     "Prefetch": CallPolicy(_none, _always),  # sets a target: asking twice is asking once
+    "Fork": CallPolicy(lambda r: FORK_EXTRA, lambda r: False),  # a retry would fork twice
 }
+
+
+FORK_EXTRA = 60.0  # seconds on top of the default deadline: the forks may wait for sandboxes
 
 
 def deadline(method: str, request: Any, timeout: float) -> float:

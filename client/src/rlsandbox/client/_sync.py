@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import grpc
 from rlsandbox.client import _policy
@@ -140,6 +140,11 @@ class Client:
         r = self._call("Prefetch", request)
         return PrefetchInfo(r.ref, r.ready, r.preparing, r.target, r.last_error)
 
+    def fork(self, session_id: str, count: int, *, labels: Optional[Mapping[str, str]] = None) -> list[Session]:
+        """``count`` new sessions whose filesystem equals this session's now (see :meth:`Session.fork`)."""
+        r = self._call("Fork", pb.ForkRequest(session_id=session_id, count=count, labels=dict(labels or {})))
+        return [Session(self, SessionInfo.from_pb(s)) for s in r.sessions]
+
     def node_status(self) -> NodeStatus:
         return NodeStatus.from_pb(self._call("GetNodeStatus", pb.GetNodeStatusRequest()))
 
@@ -169,6 +174,11 @@ class Session:
 
     def grade(self, *, task: Any = None, mode: str = "clean_room", timeout: float = 0.0) -> GradeResult:
         return self.client.evaluate(self.id, task=task, mode=mode, timeout=timeout)
+
+    def fork(self, count: int, *, labels: Optional[Mapping[str, str]] = None) -> list[Session]:
+        """``count`` new sessions whose filesystem equals this one's now, with its options and task
+        (as :meth:`AsyncSession.fork`). Processes and memory are not copied."""
+        return self.client.fork(self.id, count, labels=labels)
 
     def close(self) -> bool:
         return self.client.close_session(self.id)

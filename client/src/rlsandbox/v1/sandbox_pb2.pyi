@@ -31,6 +31,35 @@ EVALUATE_MODE_UNSPECIFIED: EvaluateMode
 EVALUATE_MODE_CLEAN_ROOM: EvaluateMode
 EVALUATE_MODE_IN_PLACE: EvaluateMode
 
+class ForkRequest(_message.Message):
+    __slots__ = ("session_id", "count", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    count: int
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, session_id: _Optional[str] = ..., count: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ForkResponse(_message.Message):
+    __slots__ = ("sessions", "bytes_copied", "paths_copied", "paths_deleted")
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_COPIED_FIELD_NUMBER: _ClassVar[int]
+    PATHS_COPIED_FIELD_NUMBER: _ClassVar[int]
+    PATHS_DELETED_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[Session]
+    bytes_copied: int
+    paths_copied: int
+    paths_deleted: int
+    def __init__(self, sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ..., bytes_copied: _Optional[int] = ..., paths_copied: _Optional[int] = ..., paths_deleted: _Optional[int] = ...) -> None: ...
+
 class Task(_message.Message):
     __slots__ = ("spec_json", "workspace_tar", "ref")
     SPEC_JSON_FIELD_NUMBER: _ClassVar[int]

@@ -94,6 +94,11 @@ class SandboxServiceStub:
                 request_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.PrefetchRequest.SerializeToString,
                 response_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.PrefetchResponse.FromString,
                 _registered_method=True)
+        self.Fork = channel.unary_unary(
+                '/rlsandbox.v1.SandboxService/Fork',
+                request_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.ForkRequest.SerializeToString,
+                response_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.ForkResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -183,6 +188,16 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Fork(self, request, context):
+        """New sessions whose filesystem (the workspace and everything else the session changed) equals
+        the source's at the call, each on its own sandbox of the source's pool, with its options and
+        task (so each can be graded): GRPO groups and tree search branching mid-episode. Processes
+        and memory are not copied. All or nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -245,6 +260,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.Prefetch,
                     request_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.PrefetchRequest.FromString,
                     response_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.PrefetchResponse.SerializeToString,
+            ),
+            'Fork': grpc.unary_unary_rpc_method_handler(
+                    servicer.Fork,
+                    request_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.ForkRequest.FromString,
+                    response_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.ForkResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -571,6 +591,33 @@ class SandboxService:
             '/rlsandbox.v1.SandboxService/Prefetch',
             rlsandbox_dot_v1_dot_sandbox__pb2.PrefetchRequest.SerializeToString,
             rlsandbox_dot_v1_dot_sandbox__pb2.PrefetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Fork(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlsandbox.v1.SandboxService/Fork',
+            rlsandbox_dot_v1_dot_sandbox__pb2.ForkRequest.SerializeToString,
+            rlsandbox_dot_v1_dot_sandbox__pb2.ForkResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -148,6 +148,7 @@ class DaemonConfig(BaseModel):
     reconcile_interval: float = Field(60.0, gt=0)
     reap_interval: float = Field(1.0, gt=0)
     max_prefetched: int = Field(64, ge=0)
+    max_fork_bytes: int = Field(256 * MiB, ge=MiB)
     metrics_listen: str = ""
     prefetch_ttl: float = Field(600.0, gt=0)
     # OpenTelemetry tracing (daemon/tracing.py): spans to this OTLP/gRPC collector

@@ -40,6 +40,7 @@ from rlsandbox.daemon.pool.spec import PoolSpec
 from rlsandbox.daemon.process import raise_open_files_limit
 from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, DockerRuntime
 from rlsandbox.daemon.session import SessionManager
+from rlsandbox.daemon.session.fork import Forker
 from rlsandbox.daemon.status import NodeStatus, PoolStatus
 from rlsandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 
@@ -120,6 +121,7 @@ class NodeDaemon:
             max_prefetched=config.max_prefetched,
             image_pool=self.pools.for_image if config.image_pools.enabled else None,
             metrics=self.metrics,
+            forker=Forker(self.runtime, max_bytes=config.max_fork_bytes),
         )
         self.reconciler = Reconciler(self.factory, interval=config.reconcile_interval)
         self.health = HealthServicer()

@@ -146,6 +146,17 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         state = await self.sessions.prefetch(task, request.count, request.ttl or self.config.prefetch_ttl)
         return convert.prefetch_response(state)
 
+    async def Fork(self, request: pb.ForkRequest, context: grpc.aio.ServicerContext) -> pb.ForkResponse:
+        if not self.docker_ok():
+            raise Unavailable(f"node {self.sessions.node_id} cannot reach its Docker engine; retry in a few seconds")
+        forks, snapshot = await self.sessions.fork(request.session_id, request.count, dict(request.labels))
+        return pb.ForkResponse(
+            sessions=[convert.session(s, self.sessions.node_id) for s in forks],
+            bytes_copied=snapshot.bytes,
+            paths_copied=len(snapshot.roots),
+            paths_deleted=len(snapshot.deletes),
+        )
+
     async def GetNodeStatus(self, request: pb.GetNodeStatusRequest, context: grpc.aio.ServicerContext) -> pb.NodeStatus:
         return convert.node_status(self.status())
 

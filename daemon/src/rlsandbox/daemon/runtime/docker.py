@@ -206,6 +206,13 @@ class DockerRuntime:
         async with self._call("container inspect", timeout, container_id=container_id):
             return dict(await self.docker.containers.container(container_id).show())
 
+    async def changes(self, container_id: str, timeout: float | None = None) -> list[tuple[str, int]]:
+        """What differs in the container's root filesystem from its image: (path, kind) with kind
+        0 changed, 1 added, 2 deleted (the engine's diff; volumes and tmpfs mounts are not in it)."""
+        async with self._call("container changes", timeout, container_id=container_id):
+            raw = await self.docker._query_json(f"containers/{container_id}/changes")
+        return [(str(c["Path"]), int(c["Kind"])) for c in raw or []]
+
     async def list_containers(self, labels: Mapping[str, str], timeout: float | None = None) -> list[ContainerInfo]:
         filters = json.dumps({"label": [f"{k}={v}" for k, v in labels.items()]})
         async with self._call("container list", timeout):

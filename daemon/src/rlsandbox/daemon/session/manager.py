@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import secrets
 import time
@@ -29,6 +30,7 @@ from rlsandbox.daemon.metrics import Metrics
 from rlsandbox.daemon.model import ExecRequest, ExecResult, FileRead, FileWrite, FileWriteResult
 from rlsandbox.daemon.sandbox import Sandbox
 from rlsandbox.daemon.session import recovery
+from rlsandbox.daemon.session.fork import Forker, Snapshot
 from rlsandbox.daemon.session.ports import SandboxPool
 from rlsandbox.daemon.session.prefetch import Prefetcher, PrefetchState, task_ref
 from rlsandbox.daemon.session.recorder import Recorder
@@ -37,6 +39,7 @@ from rlsandbox.daemon.session.state import ENDED, Session, SessionOptions, Sessi
 log = logging.getLogger(__name__)
 
 TOMBSTONES = 100_000
+MAX_FORK = 64  # forks of one call
 BIG_STDIN = 1 << 20  # bytes: hashing more than this for step dedup happens off the event loop
 
 
@@ -75,11 +78,13 @@ class SessionManager:
         max_prefetched: int = 64,
         image_pool: Callable[[str], Awaitable[SandboxPool]] | None = None,
         metrics: Metrics | None = None,
+        forker: Forker | None = None,
     ) -> None:
         self.node_id = node_id
         self.pools = pools
         self.image_pool = image_pool  # makes (or finds) the pool of an image on demand
         self.metrics = metrics
+        self.forker = forker
         self.grader = grader
         self.max_sessions = max_sessions
         self.reap_interval = reap_interval
@@ -149,7 +154,9 @@ class SessionManager:
             session.touch()
 
     # -- lifecycle ------------------------------------------------------------------------------
-    async def create(self, options: SessionOptions) -> Session:
+    async def create(self, options: SessionOptions, *, setup: Callable[[Sandbox], Awaitable[None]] | None = None) -> Session:
+        """A session on a sandbox of its pool; with a task, the task's workspace and setup in
+        place (or a sandbox prefetched for it). ``setup`` replaces that preparation (a fork's)."""
         if not self._accepting:
             raise Unavailable("node is shutting down; create the session on another node")
         pool = self.pools.get(options.pool)
@@ -191,11 +198,14 @@ class SessionManager:
         self.admit(session)
         started = time.perf_counter()
         try:
-            prepared = self.prefetcher.take(options.task_ref) if options.task is not None else None
+            prepared = self.prefetcher.take(options.task_ref) if options.task is not None and setup is None else None
             with tracing.span("pool.acquire", **{"rlsandbox.pool": pool.name, "rlsandbox.prefetched": prepared is not None}):
                 session.sandbox = prepared or await pool.acquire(options.acquire_timeout)
             try:
-                if options.task is not None and prepared is None:
+                if setup is not None:
+                    with tracing.span("fork.apply"):
+                        await setup(session.sandbox)
+                elif options.task is not None and prepared is None:
                     assert self.grader is not None
                     with tracing.span("task.prepare", **{"rlsandbox.task": options.task.id}):
                         await self.grader.prepare(session.sandbox, options.task)
@@ -227,6 +237,47 @@ class SessionManager:
     async def recover(self, containers: Mapping[str, str], *, concurrency: int = 32) -> tuple[int, int]:
         """Re-adopt the sessions an earlier life of this daemon left in the journal (session/recovery.py)."""
         return await recovery.recover(self, containers, concurrency=concurrency)
+
+    async def fork(self, session_id: str, count: int, labels: Mapping[str, str]) -> tuple[list[Session], Snapshot]:
+        """``count`` new sessions whose filesystem equals the source's now (session/fork.py), each
+        its own sandbox of the source's pool, with the source's options, task and labels (``labels``
+        on top). All or nothing: if one cannot be made, the others are closed."""
+        if self.forker is None:
+            raise FailedPrecondition("this node cannot fork sessions")
+        if not 1 <= count <= MAX_FORK:
+            raise InvalidArgument(f"count must be 1 to {MAX_FORK} (got {count}); fork again for more")
+        if len(self.sessions) + count > self.max_sessions:
+            raise ResourceExhausted(
+                f"node {self.node_id} cannot hold {count} more sessions ({len(self.sessions)} of {self.max_sessions}); "
+                "fork fewer, or retry later",
+                retry_after=1.0,
+            )
+        async with self._busy(session_id) as (source, sandbox):
+            with tracing.span("fork.snapshot", **{"rlsandbox.count": count}):
+                snapshot = await self.forker.snapshot(sandbox, source.workdir)
+        log.info(
+            "forking into %d: %d paths, %d deleted, %d bytes",
+            count,
+            len(snapshot.roots),
+            len(snapshot.deletes),
+            snapshot.bytes,
+            extra={"session": source.id},
+        )
+        options = replace(
+            source.options,
+            labels={**source.options.labels, **labels},
+            idempotency_key="",
+            forked_from=source.id,
+        )
+        setup = functools.partial(self.forker.apply, snapshot)
+        made = await asyncio.gather(*(self.create(options, setup=setup) for _ in range(count)), return_exceptions=True)
+        forks = [s for s in made if isinstance(s, Session)]
+        failed = [e for e in made if isinstance(e, BaseException)]
+        if failed:
+            for s in forks:
+                await self.close(s.id, f"fork of {source.id} failed: {type(failed[0]).__name__}")
+            raise failed[0]
+        return forks, snapshot
 
     async def close(self, session_id: str, reason: str = "closed by client") -> bool:
         """End a session and destroy its sandbox. False when it had already ended."""

@@ -214,6 +214,8 @@ class Recorder:
             "task": task.id if task else None,
             "workdir": session.workdir,
         }
+        if session.options.forked_from:
+            data["forked_from"] = session.options.forked_from
         self.emit(session, ev.CREATED, data)
 
     async def stepped(self, session: Session, req: ExecRequest, result: ExecResult, seq: int) -> None:

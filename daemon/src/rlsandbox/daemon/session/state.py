@@ -68,6 +68,7 @@ class SessionOptions:
     acquire_timeout: float = 30.0
     task: Task | None = None
     task_ref: str = ""  # the task's ref (session/prefetch.py), when known: prepared sandboxes are found by it
+    forked_from: str = ""  # the session this one is a fork of (session/fork.py)
 
     def journal_form(self) -> dict[str, object]:
         """What the journal keeps of these options (the task is kept apart)."""

@@ -166,7 +166,10 @@ function timelineItem(e, t0) {
   const d = e.data || {};
   const head = el("div", {}, el("b", {}, e.type), ` +${(e.ts - t0).toFixed(2)} s  #${e.seq}`);
   const li = el("li", { class: `ev ev-${e.type}`, "data-seq": e.seq }, head);
-  if (e.type === "created") li.append(el("div", { class: "muted" }, `pool ${d.pool}, image ${d.image}, ${d.mode}, task ${d.task ?? "-"}`));
+  if (e.type === "created") {
+    li.append(el("div", { class: "muted" }, `pool ${d.pool}, image ${d.image}, ${d.mode}, task ${d.task ?? "-"}` +
+      (d.forked_from ? `, a fork of ${d.forked_from}` : "")));
+  }
   if (e.type === "step") {
     const cmd = d.shell != null ? d.shell : (d.argv || []).join(" ");
     li.append(el("pre", { class: "cmd" }, `$ ${cmd}`),

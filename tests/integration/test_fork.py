@@ -1,0 +1,147 @@
+"""Fork through the API on real containers: each fork's filesystem equals the source's at the
+call (workspace and everything else it changed: new, changed and deleted files, modes, owners,
+symlinks, a folder of many files), forks are independent of each other and of the source,
+processes are not copied, a task is carried over so each fork is graded on its own work, a
+read-only-root pool's workspace volume comes along, and errors are typed with nothing leaked."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from helpers import daemon_config, running_daemon
+from rlsandbox.client import AsyncClient, AsyncSession, FailedPreconditionError, InvalidArgumentError, NotFoundError
+from rlsandbox.daemon.config import PoolConfig
+from rlsandbox.daemon.grading.task import load_tasks
+from rlsandbox.daemon.server import NodeDaemon
+
+pytestmark = pytest.mark.docker
+
+TASKS = Path(__file__).resolve().parent.parent / "fixtures" / "tasks"
+PYTHON = "rlsandbox/python-task:latest"
+# What a fork must see exactly as the source left it: content, mode, owner and kind of each path.
+FINGERPRINT = (
+    "cd / && for p in /workspace/notes.txt /workspace/run.sh /workspace/tree /workspace/link /etc/motd-mine "
+    "/usr/local/lib/extra/mod.py /home/owned.txt; do "
+    'if [ -L $p ]; then echo "$p link $(readlink $p)"; '
+    "elif [ -d $p ]; then echo \"$p dir $(stat -c '%a %u' $p) $(find $p -type f | sort | xargs cat | sha256sum)\"; "
+    "else echo \"$p file $(stat -c '%a %u' $p) $(sha256sum < $p)\"; fi; done; "
+    "test -e /etc/issue && echo issue-present || echo issue-deleted"
+)
+
+
+@pytest.fixture(scope="module")
+async def fork_daemon(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
+    pools = [
+        PoolConfig(name="python", image=PYTHON, min_ready=4, max_total=24),
+        PoolConfig(name="ro", image=PYTHON, min_ready=2, max_total=8, read_only_root=True, memory_mb=256, pids=128),
+    ]
+    async with running_daemon(daemon_config(pools=pools, max_fork_bytes=4 << 20)) as node:
+        yield node
+
+
+@pytest.fixture
+async def fclient(fork_daemon: NodeDaemon) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(fork_daemon.address, timeout=60) as c:
+        yield c
+
+
+async def shape(s: AsyncSession) -> str:
+    r = await s.exec(FINGERPRINT)
+    assert r.exit_code == 0, r.stderr_text
+    return r.stdout_text
+
+
+async def test_forks_equal_the_source_and_then_go_their_own_way(fclient: AsyncClient, fork_daemon: NodeDaemon) -> None:
+    async with fclient.session("python", labels={"run": "fork-test"}) as src:
+        setup = (
+            "set -e; cd /workspace; printf 'hello\\n' > notes.txt; printf '#!/bin/sh\\necho run\\n' > run.sh; chmod 750 run.sh; "
+            "mkdir -p tree/a tree/b; for i in $(seq 1 40); do echo $i > tree/a/f$i; echo $i$i > tree/b/g$i; done; "
+            "ln -s notes.txt link; echo mine > /etc/motd-mine; rm /etc/issue; "
+            "mkdir -p /usr/local/lib/extra; echo 'X = 1' > /usr/local/lib/extra/mod.py; "
+            "echo owned > /home/owned.txt; chown 1000:1000 /home/owned.txt; "
+            "(sleep 1000 &) ; echo started"
+        )
+        r = await src.exec(setup)
+        assert r.exit_code == 0, r.stderr_text
+        before = await shape(src)
+        assert "issue-deleted" in before and "link notes.txt" in before and "750 0" in before and "644 1000" in before
+
+        forks = await src.fork(3, labels={"branch": "x"})
+        try:
+            assert len(forks) == 3 and len({f.id for f in forks}) == 3 and src.id not in {f.id for f in forks}
+            shapes = await asyncio.gather(*(shape(f) for f in forks))
+            assert all(s == before for s in shapes), (before, shapes)
+            for f in forks:
+                assert f.info.labels == {"run": "fork-test", "branch": "x"}
+                containers = {fork_daemon.sessions.sessions[x.id].sandbox.name for x in (src, f)}  # type: ignore[union-attr]
+                assert f.info.pool == "python" and len(containers) == 2  # its own sandbox
+                # Processes are not copied: the source's sleep runs only in the source.
+                assert (await f.exec("pgrep -x sleep || echo none")).stdout_text.strip() == "none"
+                assert (await f.exec("/workspace/run.sh")).stdout_text == "run\n"
+            # Independent: what one fork writes, no other fork and not the source sees.
+            await forks[0].exec("echo changed > /workspace/notes.txt && rm -r /workspace/tree")
+            assert (await forks[1].exec("cat /workspace/notes.txt")).stdout_text == "hello\n"
+            assert (await src.exec("cat /workspace/notes.txt; ls /workspace/tree")).stdout_text == "hello\na\nb\n"
+            # A fork of a fork carries the fork's own changes.
+            [grandchild] = await forks[0].fork(1)
+            try:
+                assert (await grandchild.exec("cat /workspace/notes.txt; test -e /workspace/tree || echo gone")).stdout_text == (
+                    "changed\ngone\n"
+                )
+            finally:
+                await grandchild.close()
+        finally:
+            for f in forks:
+                await f.close()
+    listed = [s for s in fork_daemon.sessions.sessions.values() if s.options.labels.get("run") == "fork-test"]
+    assert listed == []
+
+
+async def test_each_fork_of_a_task_session_is_graded_on_its_own_work(fclient: AsyncClient) -> None:
+    task = {t.id: t for t in load_tasks(TASKS)}["py-calc"]
+    async with fclient.session(task=task) as src:
+        src_code = (await src.read_files(["calc/__init__.py"]))["calc/__init__.py"].data.decode()
+        await src.write_files({"notes.md": "thinking\n"})
+        good, bad = await src.fork(2)
+        try:
+            fixed = src_code.replace("def multiply(a, b):\n    return a + b\n", "def multiply(a, b):\n    return a * b\n")
+            await good.write_files({"calc/__init__.py": fixed})
+            await bad.exec("echo 'def multiply(a, b): return 0' >> calc/__init__.py")
+            assert good.info.task_id == "py-calc" and bad.info.task_id == "py-calc"
+            g, b = await asyncio.gather(good.grade(), bad.grade())
+            assert g.status == "ok" and g.reward == 1.0, g.message
+            assert b.status == "ok" and b.reward == 0.0 and not b.resolved
+            assert (await src.grade()).reward == 0.0  # the source's own work: unsolved
+        finally:
+            await good.close()
+            await bad.close()
+
+
+async def test_a_read_only_root_pools_workspace_volume_comes_along(fclient: AsyncClient) -> None:
+    async with fclient.session("ro") as src:
+        r = await src.exec("mkdir -p sub && echo vol > sub/v.txt && chmod 600 sub/v.txt && ls -l sub/v.txt | cut -c1-10")
+        assert r.exit_code == 0 and r.stdout_text.strip() == "-rw-------", r.stderr_text
+        [f] = await src.fork(1)
+        try:
+            assert (await f.exec("cat sub/v.txt; stat -c %a sub/v.txt")).stdout_text == "vol\n600\n"
+        finally:
+            await f.close()
+
+
+async def test_fork_errors_are_typed_and_leave_nothing_behind(fclient: AsyncClient, fork_daemon: NodeDaemon) -> None:
+    with pytest.raises(NotFoundError):
+        await fclient.fork("no-such-session", 2)
+    async with fclient.session("python") as src:
+        with pytest.raises(InvalidArgumentError, match="count must be 1 to 64"):
+            await src.fork(0)
+        with pytest.raises(InvalidArgumentError, match="count must be 1 to 64"):
+            await src.fork(65)
+        before = len(fork_daemon.sessions.sessions)
+        await src.exec("head -c 6000000 /dev/urandom > /workspace/big.bin")
+        with pytest.raises(FailedPreconditionError, match="over the fork limit of 4 MiB"):
+            await src.fork(2)
+        assert len(fork_daemon.sessions.sessions) == before  # no fork was left half made
+        assert (await src.exec("true")).exit_code == 0  # the source goes on
