@@ -103,6 +103,8 @@ async def test_the_dashboard_shows_a_run_live_in_a_real_browser(
         await expect(page.locator('#dist .bar[data-bucket="1"] .n')).to_have_text("1")
         await expect(page.locator('#tasks tr[data-task="py-calc"] td').nth(1)).to_have_text("1")
         await expect(page.locator("#curve-chart .uplot")).to_have_count(1)
+        await page.locator('#tasks tr[data-task="py-calc"]').click()  # that task's curve
+        await expect(page.locator("#curve-what")).to_contain_text("task py-calc")
         await page.screenshot(path=str(ARTIFACTS / "1-run.png"), full_page=True)
 
         await page.locator(f'#sessions tr[data-session="{first}"]').click()

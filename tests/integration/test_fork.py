@@ -145,3 +145,15 @@ async def test_fork_errors_are_typed_and_leave_nothing_behind(fclient: AsyncClie
             await src.fork(2)
         assert len(fork_daemon.sessions.sessions) == before  # no fork was left half made
         assert (await src.exec("true")).exit_code == 0  # the source goes on
+        await src.exec("rm /workspace/big.bin")
+        # Thousands of changes in scratch space are one tarball; scattered over a system folder
+        # (one engine call each) they are refused before any call is made.
+        await src.exec("mkdir -p /tmp/cache && cd /tmp/cache && for i in $(seq 1 3000); do echo $i > f$i; done")
+        [f] = await src.fork(1)
+        try:
+            assert (await f.exec("ls /tmp/cache | wc -l")).stdout_text.strip() == "3000"
+        finally:
+            await f.close()
+        await src.exec("cd /usr/local/share && for i in $(seq 1 4100); do echo $i > x$i; done")
+        with pytest.raises(FailedPreconditionError, match="changed 4100 separate places outside its workspace"):
+            await src.fork(1)

@@ -70,7 +70,8 @@ def test_a_runs_curve_is_bounded_and_its_sessions_come_in_pages(tmp_path: Path) 
     assert len(curve) <= 13 and sum(p["gradings"] for p in curve) == 120
     assert curve[0]["mean_reward"] == 0.0 and curve[-1]["mean_reward"] == 1.0
     assert sum(p["infra_errors"] for p in curve) == 3 and sum(p["tampered"] for p in curve) == 4
-    assert store.curve("nope") == []
+    assert store.curve("nope") == [] and store.curve("r1", task="no-such-task") == []
+    assert sum(p["gradings"] for p in store.curve("r1", task="t1")) == 120  # one task's curve
     first = store.run_sessions("r1", limit=50)
     assert [s["session"] for s in first[:2]] == ["s119", "s118"] and len(first) == 50
     assert first[0]["reward"] == 1.0 and first[0]["status"] == "ok" and first[0]["steps"] == 3

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import grpc
 import orjson
@@ -19,21 +19,6 @@ from rlsandbox.daemon.api.servicer import SandboxServicer
 from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.session import SessionManager
 from rlsandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
-
-
-@pytest.fixture
-def captured() -> Iterator[io.StringIO]:
-    out = io.StringIO()
-    root = logging.getLogger()
-    saved = (list(root.handlers), root.level)
-    logs.configure("INFO,rlsandbox.daemon.pool=WARNING", "json", stream=out)
-    try:
-        yield out
-    finally:
-        root.handlers[:] = saved[0]
-        root.setLevel(saved[1])
-        logging.getLogger("rlsandbox.daemon.pool").setLevel(logging.NOTSET)
-        logs._node_fields.clear()
 
 
 def lines(out: io.StringIO) -> list[dict[str, object]]:

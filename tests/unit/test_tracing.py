@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
-import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import grpc
 import orjson
@@ -17,7 +16,7 @@ from fakes import FakePool, FakePublisher
 from opentelemetry import trace as otel
 from otlp import Receiver, attributes, otlp_receiver
 from rlsandbox.client import AsyncClient, NotFoundError, opentelemetry_metadata
-from rlsandbox.daemon import logs, tracing
+from rlsandbox.daemon import tracing
 from rlsandbox.daemon.api.edge import EdgeInterceptor
 from rlsandbox.daemon.api.servicer import SandboxServicer
 from rlsandbox.daemon.config import DaemonConfig
@@ -26,19 +25,6 @@ from rlsandbox.v1 import sandbox_pb2_grpc
 
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 PARENT_SPAN = 0x00F067AA0BA902B7
-
-
-@pytest.fixture
-def captured() -> Iterator[io.StringIO]:
-    out = io.StringIO()
-    root = logging.getLogger()
-    saved = (list(root.handlers), root.level)
-    logs.configure("INFO", "json", stream=out)
-    try:
-        yield out
-    finally:
-        root.handlers[:] = saved[0]
-        root.setLevel(saved[1])
 
 
 @pytest.fixture

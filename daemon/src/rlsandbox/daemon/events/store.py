@@ -394,19 +394,20 @@ class Store:
             out[f"p{round(q * 100)}_ms"] = _percentile(counts, total, q)
         return out
 
-    def curve(self, run: str, points: int = 200) -> list[dict[str, Any]]:
-        """A run's rewards over time in at most ``points`` buckets: mean reward, pass rate,
-        gradings, infra errors and tampered gradings per bucket."""
+    def curve(self, run: str, points: int = 200, task: str | None = None) -> list[dict[str, Any]]:
+        """A run's rewards (or one task's in it) over time in at most ``points`` buckets: mean
+        reward, pass rate, gradings, infra errors and tampered gradings per bucket."""
+        where, args = ("run = ? AND task = ?", (run, task)) if task is not None else ("run = ?", (run,))
         with self._lock:
-            lo, hi = self._db.execute("SELECT MIN(ts), MAX(ts) FROM rewards WHERE run = ?", (run,)).fetchone()
+            lo, hi = self._db.execute(f"SELECT MIN(ts), MAX(ts) FROM rewards WHERE {where}", args).fetchone()
         if lo is None:
             return []
         width = max((hi - lo) / max(points, 1), 1.0)
         return self._rows(
             "SELECT CAST((ts - ?) / ? AS INTEGER) AS b, MIN(ts) AS t, COUNT(*) AS gradings, AVG(reward) AS mean_reward, "
             "AVG(CASE WHEN reward IS NOT NULL THEN resolved END) AS pass_rate, SUM(status = 'infra_error') AS infra_errors, "
-            "SUM(tampering > 0) AS tampered FROM rewards WHERE run = ? GROUP BY b ORDER BY b",
-            (lo, width, run),
+            f"SUM(tampering > 0) AS tampered FROM rewards WHERE {where} GROUP BY b ORDER BY b",
+            (lo, width, *args),
         )
 
     def run_sessions(self, run: str, *, before: float | None = None, limit: int = 50) -> list[dict[str, Any]]:

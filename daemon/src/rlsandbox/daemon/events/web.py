@@ -182,7 +182,8 @@ def app(agg: Aggregator) -> web.Application:
         )
 
     async def curve(req: web.Request) -> web.Response:
-        return await memo.json(req.path_qs, store.curve, req.match_info["run"], int(_number(req, "points", 200, 2, 2000)))
+        points = int(_number(req, "points", 200, 2, 2000))
+        return await memo.json(req.path_qs, store.curve, req.match_info["run"], points, req.query.get("task"))
 
     async def run_sessions(req: web.Request) -> web.Response:
         before = req.query.get("before")

@@ -33,6 +33,10 @@ NO_COLLAPSE = frozenset(
     {"/", "/usr", "/etc", "/var", "/lib", "/bin", "/sbin", "/opt", "/home", "/root", "/usr/lib", "/usr/local"}
 )
 DELETE_CHUNK = 500
+# Besides the workspace, folders whose content in an image is nothing or next to nothing: taken
+# whole when much changed in them (caches, scratch files), never file by file.
+SCRATCH = ("/tmp", "/var/tmp", "/root", "/home")
+MAX_COPIES = 4096  # tarballs one fork may take: a session that scattered more changes cannot be forked
 
 
 @dataclass(slots=True)
@@ -128,7 +132,12 @@ class Forker:
         others = [m["Destination"] for m in mounts if m.get("Type") != "volume"]
         tmpfs = list((info.get("HostConfig") or {}).get("Tmpfs") or {})
         changes = await self.runtime.changes(cid, timeout=self.timeout)
-        copies, deletes = plan_changes(changes, [*volumes, *others, *tmpfs], collapsible=[workdir])
+        copies, deletes = plan_changes(changes, [*volumes, *others, *tmpfs], collapsible=[workdir, *SCRATCH])
+        if len(copies) > MAX_COPIES:
+            raise FailedPrecondition(
+                f"the session changed {len(copies)} separate places outside its workspace (at most {MAX_COPIES} can be "
+                "forked); fork earlier, or keep the episode's files in the workspace"
+            )
         snap = Snapshot(sandbox.name, deletes=deletes, roots=[*copies, *volumes])
         left = self.max_bytes
         try:

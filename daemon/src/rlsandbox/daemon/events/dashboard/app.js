@@ -3,7 +3,7 @@
 // never as HTML.
 "use strict";
 
-const state = { run: null, session: null, oldest: null, charts: {}, pending: false, last: 0 };
+const state = { run: null, task: null, session: null, oldest: null, charts: {}, pending: false, last: 0 };
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -104,6 +104,7 @@ function renderDistribution(run) {
 // -- one run ---------------------------------------------------------------------------------------
 function selectRun(run) {
   state.run = run;
+  state.task = null;
   state.oldest = null;
   location.hash = `run=${encodeURIComponent(run ?? "")}`;
   document.getElementById("run").hidden = false;
@@ -117,16 +118,22 @@ async function refreshRun(firstPage) {
   if (state.run == null) return;
   const r = encodeURIComponent(state.run);
   const [curve, tasks, sessions] = await Promise.all([
-    get(`/v1/runs/${r}/curve`), get(`/v1/tasks?run=${r}`), firstPage ? get(`/v1/runs/${r}/sessions?limit=50`) : null,
+    get(`/v1/runs/${r}/curve` + (state.task != null ? `?task=${encodeURIComponent(state.task)}` : "")),
+    get(`/v1/tasks?run=${r}`), firstPage ? get(`/v1/runs/${r}/sessions?limit=50`) : null,
   ]);
+  document.getElementById("curve-what").textContent = state.task != null ? `task ${state.task} (click it again for the run)` : "the run";
   chart("curve-chart", "per time bucket", [
     { label: "mean reward", stroke: "#1f8a4c", scale: "r" }, { label: "pass rate", stroke: "#4a90d9", scale: "r" },
     { label: "infra error rate", stroke: "#c0392b", scale: "r" }, { label: "tampered rate", stroke: "#b7791f", scale: "r" },
   ], [curve.map((p) => p.t), curve.map((p) => p.mean_reward), curve.map((p) => p.pass_rate),
       curve.map((p) => p.infra_errors / p.gradings), curve.map((p) => p.tampered / p.gradings)]);
-  fill(document.querySelector("#tasks tbody"), tasks.map((t) => el("tr", { "data-task": t.name ?? "" },
-    el("td", {}, t.name ?? "-"), el("td", {}, t.gradings), el("td", {}, num(t.mean_reward, 3)),
-    el("td", {}, t.pass_rate == null ? "-" : `${(100 * t.pass_rate).toFixed(1)}%`), el("td", {}, t.infra_errors), el("td", {}, t.tampered))));
+  fill(document.querySelector("#tasks tbody"), tasks.map((t) => {
+    const row = el("tr", { class: "clickable" + (t.name === state.task ? " selected" : ""), "data-task": t.name ?? "" },
+      el("td", {}, t.name ?? "-"), el("td", {}, t.gradings), el("td", {}, num(t.mean_reward, 3)),
+      el("td", {}, t.pass_rate == null ? "-" : `${(100 * t.pass_rate).toFixed(1)}%`), el("td", {}, t.infra_errors), el("td", {}, t.tampered));
+    row.addEventListener("click", () => { state.task = state.task === t.name ? null : t.name; refreshRun(false).catch(report); });
+    return row;
+  }));
   if (sessions) {
     fill(document.querySelector("#sessions tbody"), []);
     appendSessions(sessions);
