@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.errors import FailedPrecondition
-from rlsandbox.daemon.model import image_pool_name
+from rlsandbox.daemon.grading.task import TaskSpec
+from rlsandbox.daemon.model import check_image_reference, image_pool_name
 from rlsandbox.daemon.pool import CreateLimiter
 from rlsandbox.daemon.pool.catalog import PoolCatalog
 from test_warm_pool import FakeFactory
@@ -147,3 +148,22 @@ async def test_a_removed_image_pool_leaves_no_metric_series(catalog: Made) -> No
     await cat._evict()
     text = metrics.render().decode()
     assert pool.name not in text and 'pool="python"' in text
+
+
+@pytest.mark.parametrize(
+    "image",
+    ["rlsandbox/python-task:latest", "busybox", "127.0.0.1:5000/team/img:1.0", "localhost:5000/img",
+     "swebench/sweb.eval.x86_64.django__django-11099:latest", "ghcr.io/a-b/c@sha256:" + "a" * 64],
+)  # fmt: skip
+def test_image_references_the_engine_parses_are_accepted(image: str) -> None:
+    assert check_image_reference(image) == image
+
+
+@pytest.mark.parametrize("image", ["/etc/shadow", "../x", "UPPER/case", "a b", "x:", "", "a//b", "img:tag:tag", "x" * 600])
+def test_anything_else_is_refused_before_it_reaches_the_engine(image: str) -> None:
+    """Found by the API fuzzer: an image named "/etc/shadow" made the engine client fail with an
+    internal error (the path became a redirect); now it is INVALID_ARGUMENT, in a request and in a task."""
+    with pytest.raises(ValueError, match="is not an image reference"):
+        check_image_reference(image)
+    with pytest.raises(ValueError, match=r"is not an image reference|at most 512 characters"):
+        TaskSpec.model_validate({"id": "t", "image": image or "/", "evaluation": {"test_command": "true"}})

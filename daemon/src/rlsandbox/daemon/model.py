@@ -13,6 +13,28 @@ from dataclasses import dataclass, field
 MiB = 1 << 20
 
 
+# An image reference as the engine parses it (distribution/reference): [domain[:port]/]path[:tag][@digest].
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_LABEL = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
+_DOMAIN = rf"{_LABEL}(?:\.{_LABEL})*(?::[0-9]+)?"
+_TAG = r"[\w][\w.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+IMAGE_REFERENCE = re.compile(rf"^(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?(?:@{_DIGEST})?$")
+
+
+def check_image_reference(image: str) -> str:
+    """``image`` if it is a valid image reference (e.g. ``swebench/sweb.eval.x86_64.django_1776:latest``),
+    else ValueError saying so: a name the engine cannot parse never reaches it."""
+    first, slash, _ = image.partition("/")
+    # As the engine reads it, a first part is a registry only with a '.' or ':' in it, or localhost.
+    registry = bool(slash) and ("." in first or ":" in first or first == "localhost")
+    if len(image) > 512 or not IMAGE_REFERENCE.match(image) or (slash and not registry and first != first.lower()):
+        raise ValueError(
+            f"{image[:80]!r} is not an image reference: [registry[:port]/]name[:tag][@digest], lowercase name components"
+        )
+    return image
+
+
 def image_pool_name(image: str) -> str:
     """The name of the pool a node makes on demand for ``image`` (image_pools): readable, valid
     as a pool name, and unique per image."""

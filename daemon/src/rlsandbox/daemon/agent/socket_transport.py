@@ -94,9 +94,12 @@ class AgentListener:
         old = os.umask(0o077)
         try:
             sock.bind(str(path))
+            server = await asyncio.start_unix_server(on_connect, sock=sock, limit=READ_SIZE)
+        except BaseException:
+            sock.close()  # a folder gone, a path too long: the socket does not leak
+            raise
         finally:
             os.umask(old)
-        server = await asyncio.start_unix_server(on_connect, sock=sock, limit=READ_SIZE)
         return cls(path, server, queue)
 
     async def next(self, timeout: float) -> UnixSocketTransport:

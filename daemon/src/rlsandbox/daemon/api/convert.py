@@ -10,7 +10,7 @@ from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.errors import InvalidArgument
 from rlsandbox.daemon.grading.rewards import GradeResult
 from rlsandbox.daemon.grading.task import Task, TaskError
-from rlsandbox.daemon.model import ExecRequest, ExecResult, FileWrite, image_pool_name
+from rlsandbox.daemon.model import ExecRequest, ExecResult, FileWrite, check_image_reference, image_pool_name
 from rlsandbox.daemon.session import Session, SessionOptions, SessionState
 from rlsandbox.daemon.session.prefetch import PrefetchState
 from rlsandbox.daemon.status import NodeStatus
@@ -83,7 +83,10 @@ def session_options(req: pb.CreateSessionRequest, config: DaemonConfig, known: C
     elif req.image:
         if pool:
             raise InvalidArgument("give a pool or an image, not both")
-        image = req.image
+        try:
+            image = check_image_reference(req.image)
+        except ValueError as e:
+            raise InvalidArgument(str(e)) from None
         pool = image_pool_name(image)
     if not pool:
         raise InvalidArgument("pool or image is required (GetNodeStatus lists this node's pools)")

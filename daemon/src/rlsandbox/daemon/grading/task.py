@@ -26,7 +26,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from rlsandbox.daemon.grading.reports import OUTPUT_FORMATS, REPORT_FORMATS
-from rlsandbox.daemon.model import image_pool_name
+from rlsandbox.daemon.model import check_image_reference, image_pool_name
 
 MAX_WORKSPACE_BYTES = 32 << 20
 # Never copied from a workspace directory: history (see WorkspaceSpec.git) and caches.
@@ -188,6 +188,8 @@ class TaskSpec(_Model):
     def _pool_or_image(self) -> TaskSpec:
         if bool(self.pool) == bool(self.image):
             raise ValueError("give exactly one of pool (a configured pool) and image (a pool made for it on demand)")
+        if self.image:
+            check_image_reference(self.image)
         return self
 
     @property

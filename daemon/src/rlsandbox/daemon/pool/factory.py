@@ -46,6 +46,9 @@ class SetupFailed(SandboxError):
     """A pool's setup command failed in a new sandbox."""
 
 
+OOM_EVENT_SETTLE = 1.5  # seconds a SIGKILLed sandbox's OOM event may come after its exit
+
+
 def node_socket_folder(owner: str) -> str:
     """The folder of one node's agent sockets under the shared root: short (a unix socket's path
     has at most 107 bytes), and safe whatever the node id holds."""
@@ -225,6 +228,16 @@ class SandboxFactory:
             if not state.get("Running") or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(0.05)
+        # A SIGKILL may be the OOM killer's: the engine can record the exit before the OOM event
+        # (containerd sends them apart), so OOMKilled may turn true a moment later.
+        settle = time.monotonic() + OOM_EVENT_SETTLE
+        while state.get("ExitCode") == 137 and not state.get("OOMKilled") and time.monotonic() < settle:
+            await asyncio.sleep(0.1)
+            try:
+                info = await self.runtime.inspect(sandbox.container_id, timeout=5.0)
+            except SandboxError:
+                break
+            state = info.get("State") or {}
         if state.get("OOMKilled"):
             limit = (info.get("HostConfig") or {}).get("Memory") or 0
             return f"out of memory: the kernel OOM-killed it at its memory limit of {limit >> 20} MB", True
