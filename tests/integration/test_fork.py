@@ -155,5 +155,5 @@ async def test_fork_errors_are_typed_and_leave_nothing_behind(fclient: AsyncClie
         finally:
             await f.close()
         await src.exec("cd /usr/local/share && for i in $(seq 1 4100); do echo $i > x$i; done")
-        with pytest.raises(FailedPreconditionError, match="changed 4100 separate places outside its workspace"):
+        with pytest.raises(FailedPreconditionError, match=r"changed 41\d\d separate places outside its workspace"):
             await src.fork(1)

@@ -7,6 +7,8 @@ files of ``file-kb`` KiB each (10 MB in 1,000 files by default) into its workspa
 
 - ``Fork(8)``: the daemon reads the source's changes through the engine (diff + archive) once and
   extracts them into 8 warm sandboxes (session/fork.py);
+- the same with the workspace on a tmpfs volume (a pool with ``workspace_mb``), where writing files
+  costs far less than in a container's overlay layer;
 - the engine's own way, measured in the same run: ``docker commit`` of the source, then create
   and start 8 containers from the image (a lower bound of that way: a bare ``sleep``, no agent to
   connect, no pool bookkeeping), then remove them and the image;
@@ -41,6 +43,12 @@ name = "python"
 image = "rlsandbox/python-task:latest"
 min_ready = {ready}
 max_total = 80
+[[pools]]
+name = "python-tmpfs"
+image = "rlsandbox/python-task:latest"
+min_ready = {ready_tmpfs}
+max_total = 40
+workspace_mb = 256
 """
 TASKS = Path(__file__).resolve().parents[4] / "tests" / "fixtures" / "tasks"
 
@@ -92,19 +100,24 @@ async def bench(samples: int, files: int, kb: int) -> dict[str, Any]:
     from rlsandbox.daemon.grading.task import load_tasks
 
     task = {t.id: t for t in load_tasks(TASKS)}["py-calc"]
-    times: dict[str, list[float]] = {"fork8": [], "commit8": [], "handout": [], "task_group8": [], "task_handout": []}
+    times: dict[str, list[float]] = {
+        "fork8": [], "fork8_tmpfs": [], "commit8": [], "handout": [], "task_group8": [], "task_handout": []
+    }  # fmt: skip
     copied: dict[str, int] = {}
     async with (
-        daemon_process(CONFIG.format(pid=os.getpid(), ready=POOL_READY)) as d,
+        daemon_process(CONFIG.format(pid=os.getpid(), ready=POOL_READY, ready_tmpfs=12)) as d,
         AsyncClient(d.address, timeout=300) as client,
     ):
         await wait_ready(client, "python", POOL_READY, 600)
         src = await client.create_session("python")
         await _write_changes(src, files, kb)
         container = await _container_of(client, src.id)
+        src_tmpfs = await client.create_session("python-tmpfs")
+        await _write_changes(src_tmpfs, files, kb)
 
         async def quiet() -> None:
             await wait_ready(client, "python", POOL_READY, 600)
+            await wait_ready(client, "python-tmpfs", 12, 600)
             await wait_quiet(client)
 
         for _ in range(samples):
@@ -112,6 +125,12 @@ async def bench(samples: int, files: int, kb: int) -> dict[str, Any]:
             t = time.perf_counter()
             forks = await src.fork(8)
             times["fork8"].append(time.perf_counter() - t)
+            for f in forks:
+                await f.close()
+            await quiet()
+            t = time.perf_counter()
+            forks = await src_tmpfs.fork(8)
+            times["fork8_tmpfs"].append(time.perf_counter() - t)
             for f in forks:
                 await f.close()
             await quiet()
@@ -134,6 +153,7 @@ async def bench(samples: int, files: int, kb: int) -> dict[str, Any]:
         copied = dict(zip(("files", "kib"), map(int, r.stdout_text.split()), strict=True))
         await check[0].close()
         await src.close()
+        await src_tmpfs.close()
     summary = {k: summary_ms(v) for k, v in times.items()}
     return {
         "files": files,
@@ -141,6 +161,7 @@ async def bench(samples: int, files: int, kb: int) -> dict[str, Any]:
         "fork_copy_verified": copied,
         **summary,
         "fork8_vs_commit8": summary["fork8"]["p50"] / summary["commit8"]["p50"],
+        "fork8_tmpfs_vs_commit8": summary["fork8_tmpfs"]["p50"] / summary["commit8"]["p50"],
         "fork8_vs_handout": summary["fork8"]["p50"] / summary["handout"]["p50"],
         "task_group8_vs_handout": summary["task_group8"]["p50"] / summary["handout"]["p50"],
         "machine": machine(),
@@ -151,7 +172,8 @@ async def bench(samples: int, files: int, kb: int) -> dict[str, Any]:
 def render(r: dict[str, Any]) -> str:
     mb = r["files"] * r["file_kb"] / 1024
     rows = [
-        (f"Fork(8) of a session with {mb:.0f} MB in {r['files']} files", r["fork8"]),
+        (f"Fork(8) of a session with {mb:.0f} MB in {r['files']} files (workspace in the container layer)", r["fork8"]),
+        ("Fork(8), the same files in a tmpfs workspace (workspace_mb = 256)", r["fork8_tmpfs"]),
         ("docker commit + create/start 8 (engine baseline, no agent)", r["commit8"]),
         ("one warm CreateSession (hand-out)", r["handout"]),
         ("CreateSession from a task (py-calc, not prefetched)", r["task_handout"]),
@@ -162,7 +184,8 @@ def render(r: dict[str, Any]) -> str:
         [
             *latency_table(rows),
             "",
-            f"- Fork(8) p50 is x{r['fork8_vs_commit8']:.2f} of commit + create, x{r['fork8_vs_handout']:.1f} of one hand-out",
+            f"- Fork(8) p50 is x{r['fork8_vs_commit8']:.2f} of commit + create (x{r['fork8_tmpfs_vs_commit8']:.2f} with a tmpfs "
+            f"workspace), x{r['fork8_vs_handout']:.1f} of one hand-out",
             f"- a group of 8 from a fresh task session: x{r['task_group8_vs_handout']:.1f} of one warm hand-out",
             f"- a fork checked after the run: {v.get('files')} files, {v.get('kib')} KiB in /workspace/data",
         ]

@@ -16,7 +16,10 @@ a folder whose only change is its own mode or times.
 
 from __future__ import annotations
 
+import asyncio
+import io
 import posixpath
+import tarfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -28,7 +31,7 @@ from rlsandbox.daemon.sandbox import Sandbox
 CHANGED, ADDED, DELETED = 0, 1, 2
 # Places the engine or the daemon owns in every container: never copied, never deleted.
 NOT_COPIED = ("/dev", "/proc", "/sys", "/etc/hostname", "/etc/hosts", "/etc/resolv.conf", "/.rlsandbox")
-COLLAPSE = 16  # a changed folder with more changed paths than this below it is taken whole
+COLLAPSE = 0  # a changed folder of the workspace or scratch space with more changes than this below it is taken whole
 NO_COLLAPSE = frozenset(
     {"/", "/usr", "/etc", "/var", "/lib", "/bin", "/sbin", "/opt", "/home", "/root", "/usr/lib", "/usr/local"}
 )
@@ -41,16 +44,36 @@ MAX_COPIES = 4096  # tarballs one fork may take: a session that scattered more c
 
 @dataclass(slots=True)
 class Snapshot:
-    """The source's changes: tarballs to extract at their folders, paths to delete."""
+    """The source's changes: one tarball rooted at ``/`` (paths relative to it), paths to delete."""
 
     source: str
-    archives: list[tuple[str, bytes]] = field(default_factory=list)  # (folder to extract into, tar)
+    tar: bytes = b""
     deletes: list[str] = field(default_factory=list)
     roots: list[str] = field(default_factory=list)
 
     @property
     def bytes(self) -> int:
-        return sum(len(tar) for _, tar in self.archives)
+        return len(self.tar)
+
+
+def merge(archives: list[tuple[str, bytes]]) -> bytes:
+    """One tarball rooted at ``/`` from the engine's archives, each of a path and named relative
+    to its folder (``data/x`` for ``/workspace/data``; ``./x`` for ``/workspace/.``): every member
+    renamed below its folder, hard links too. CPU work: run it in a thread."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as merged:
+        for folder, data in archives:
+            prefix = folder.strip("/")
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+                for member in tar:
+                    name = posixpath.normpath(posixpath.join(prefix, member.name)).lstrip("/")
+                    if name in ("", ".") or name.startswith(".."):
+                        continue  # the folder itself (it exists in the fork), or a name that leaves it
+                    member.name = name
+                    if member.islnk():
+                        member.linkname = posixpath.normpath(posixpath.join(prefix, member.linkname)).lstrip("/")
+                    merged.addfile(member, tar.extractfile(member) if member.isfile() else None)
+    return out.getvalue()
 
 
 def _under(path: str, places: Iterable[str]) -> bool:
@@ -138,30 +161,37 @@ class Forker:
                 f"the session changed {len(copies)} separate places outside its workspace (at most {MAX_COPIES} can be "
                 "forked); fork earlier, or keep the episode's files in the workspace"
             )
-        snap = Snapshot(sandbox.name, deletes=deletes, roots=[*copies, *volumes])
+        archives: list[tuple[str, bytes]] = []
         left = self.max_bytes
         try:
             for path in copies:
-                tar = await self.runtime.get_archive(cid, path, left, timeout=self.timeout)
-                snap.archives.append((posixpath.dirname(path) or "/", tar))
-                left -= len(tar)
+                archives.append((posixpath.dirname(path) or "/", await self.runtime.get_archive(cid, path, left, self.timeout)))
+                left -= len(archives[-1][1])
             for path in volumes:  # a volume whole: a fork's own volume starts empty
-                tar = await self.runtime.get_archive(cid, path.rstrip("/") + "/.", left, timeout=self.timeout)
-                snap.archives.append((path, tar))
-                left -= len(tar)
+                archives.append((path, await self.runtime.get_archive(cid, path.rstrip("/") + "/.", left, self.timeout)))
+                left -= len(archives[-1][1])
         except FileTooLarge:
             raise FailedPrecondition(
                 f"the session's changes are over the fork limit of {self.max_bytes >> 20} MiB as tarballs; "
                 "fork earlier, or remove large files the episode does not need"
             ) from None
-        return snap
+        tar = await asyncio.to_thread(merge, archives) if archives else b""
+        return Snapshot(sandbox.name, tar=tar, deletes=deletes, roots=[*copies, *volumes])
 
     async def apply(self, snapshot: Snapshot, sandbox: Sandbox) -> None:
-        """Make a fresh sandbox's filesystem the source's: deletions, then the tarballs."""
+        """Make a fresh sandbox's filesystem the source's: deletions, then the one tarball, which
+        the fork's own ``tar`` extracts (a fresh sandbox: its tools are the image's, and nothing
+        of the source's has run there). Without ``tar`` in the image, the engine extracts it."""
         for i in range(0, len(snapshot.deletes), DELETE_CHUNK):
             chunk = tuple(snapshot.deletes[i : i + DELETE_CHUNK])
             result = await sandbox.exec(ExecRequest(argv=("rm", "-rf", "--", *chunk), timeout=60.0))
             if result.exit_code != 0:
                 raise FailedPrecondition(f"a fork could not delete what its source deleted: {result.stderr[:300]!r}")
-        for folder, tar in snapshot.archives:
-            await self.runtime.put_archive(sandbox.container_id, folder, tar, timeout=self.timeout)
+        if not snapshot.tar:
+            return
+        untar = ExecRequest(argv=("tar", "-x", "-p", "-C", "/", "-f", "-"), stdin=snapshot.tar, timeout=self.timeout)
+        result = await sandbox.exec(untar)
+        if result.exit_code in (126, 127):  # no tar in the image
+            await self.runtime.put_archive(sandbox.container_id, "/", snapshot.tar, timeout=self.timeout)
+        elif result.exit_code != 0:
+            raise FailedPrecondition(f"a fork could not take its source's files: {result.stderr[:300]!r}")

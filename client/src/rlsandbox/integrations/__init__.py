@@ -1,0 +1,9 @@
+"""Adapters that make rlsandbox a drop-in sandbox backend of the trainers people use. Each module
+implements one framework's own environment interface with its own names and types, and imports
+that framework: install it with the extra of the same name (``pip install
+'rlsandbox-client[gymnasium]'``). The client core never imports anything from here.
+
+- :mod:`rlsandbox.integrations.gymnasium`: a Gymnasium ``Env`` (docs/INTEGRATIONS.md).
+- :mod:`rlsandbox.integrations.minisweagent`: a mini-swe-agent ``Environment``.
+- :mod:`rlsandbox.integrations.tools`: the bash/view/edit/write/submit tool calls they share.
+"""

@@ -1,0 +1,126 @@
+"""Tool calls an agent makes in a sandbox, shared by the adapters: ``bash``, ``view``, ``edit``,
+``write`` and ``submit``, over a blocking :class:`rlsandbox.client.Session`. Each returns the text
+the model reads next; a tool used wrongly (a missing file, an edit whose text is not found once)
+is an observation saying so, never an exception: it is the policy's mistake, not the sandbox's.
+
+A call is a dict ``{"tool": "edit", "path": ..., "old": ..., "new": ...}`` or a plain string (a
+bash command). As text (what a model writes), a JSON object with a ``tool`` key is a call, any
+other text a bash command.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Union
+
+from rlsandbox.client import ExecResult, GradeResult, Session
+
+ToolCall = Union[str, Dict[str, Any]]
+MAX_VIEW = 400  # lines a view shows at most
+OUTPUT_CAP = 64 << 10  # characters of a command's output in an observation
+
+
+@dataclass
+class Observation:
+    text: str
+    exit_code: Optional[int] = None
+    grade: Optional[GradeResult] = None  # set by submit
+
+    @property
+    def submitted(self) -> bool:
+        return self.grade is not None
+
+
+def parse(call: ToolCall) -> Dict[str, Any]:
+    """A call as a dict: text that is a JSON object with a ``tool`` key is one, other text is bash."""
+    if isinstance(call, dict):
+        return call
+    text = call.strip()
+    if text.startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if isinstance(value, dict) and isinstance(value.get("tool"), str):
+            return value
+    return {"tool": "bash", "command": call}
+
+
+def describe(result: ExecResult) -> str:
+    """A command's result as the model reads it: its output (capped, saying so) and exit code."""
+    out = result.stdout_text
+    err = result.stderr.decode("utf-8", errors="replace")
+    if err:
+        out += ("" if not out or out.endswith("\n") else "\n") + err
+    if len(out) > OUTPUT_CAP:
+        out = out[:OUTPUT_CAP] + f"\n[output cut at {OUTPUT_CAP} characters]"
+    if result.stdout_truncated or result.stderr_truncated:
+        out += "\n[output truncated by the sandbox]"
+    status = "timed out" if result.timed_out else f"exit code {result.exit_code}"
+    return f"{out}\n[{status}]" if out else f"[{status}]"
+
+
+def run(session: Session, call: ToolCall, *, timeout: float = 120.0, cwd: str = "") -> Observation:
+    """Run one tool call in ``session``."""
+    c = parse(call)
+    tool = c.get("tool")
+    if tool == "bash":
+        command = c.get("command")
+        if not isinstance(command, str) or not command.strip():
+            return Observation("bash needs a non-empty 'command'")
+        kwargs: Dict[str, Any] = {"timeout": float(c.get("timeout") or timeout)}
+        if cwd or c.get("cwd"):
+            kwargs["cwd"] = c.get("cwd") or cwd
+        result = session.exec(command, **kwargs)
+        return Observation(describe(result), result.exit_code)
+    if tool == "view":
+        return _view(session, c)
+    if tool == "edit":
+        return _edit(session, c)
+    if tool == "write":
+        path, content = c.get("path"), c.get("content")
+        if not isinstance(path, str) or not isinstance(content, str):
+            return Observation("write needs 'path' and 'content' (strings)")
+        session.write_files({path: content})
+        return Observation(f"wrote {len(content.encode())} bytes to {path}")
+    if tool == "submit":
+        grade = session.grade()
+        text = f"submitted: {grade.status}" + (f", reward {grade.reward}" if grade.reward is not None else f" ({grade.message})")
+        return Observation(text, grade=grade)
+    return Observation(f"unknown tool {tool!r}: use bash, view, edit, write or submit")
+
+
+def _read(session: Session, path: Any) -> Union[str, Observation]:
+    if not isinstance(path, str) or not path:
+        return Observation("a 'path' (string) is needed")
+    found = session.read_files([path]).get(path)
+    if found is None or found.error:
+        return Observation(f"cannot read {path}: {found.error if found else 'not found'}")
+    return found.data.decode("utf-8", errors="replace")
+
+
+def _view(session: Session, c: Dict[str, Any]) -> Observation:
+    text = _read(session, c.get("path"))
+    if isinstance(text, Observation):
+        return text
+    lines = text.splitlines()
+    start = max(int(c.get("start") or 1), 1)
+    end = min(int(c.get("end") or len(lines)), start + MAX_VIEW - 1, len(lines))
+    shown = "\n".join(f"{n:6d}\t{lines[n - 1]}" for n in range(start, end + 1))
+    more = f"\n[{len(lines) - end} more lines: view with start={end + 1}]" if end < len(lines) else ""
+    return Observation(shown + more)
+
+
+def _edit(session: Session, c: Dict[str, Any]) -> Observation:
+    old, new = c.get("old"), c.get("new")
+    if not isinstance(old, str) or not old or not isinstance(new, str):
+        return Observation("edit needs 'path', 'old' (the exact text to replace, non-empty) and 'new'")
+    text = _read(session, c.get("path"))
+    if isinstance(text, Observation):
+        return text
+    found = text.count(old)
+    if found != 1:
+        return Observation(f"'old' occurs {found} times in {c['path']}; it must occur exactly once (add context)")
+    session.write_files({c["path"]: text.replace(old, new, 1)})
+    return Observation(f"edited {c['path']}")

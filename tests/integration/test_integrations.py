@@ -1,0 +1,165 @@
+"""The framework adapters against the real frameworks from PyPI and a real daemon: Gymnasium
+(``gymnasium.make`` and its own environment checker) and mini-swe-agent (its own ``DefaultAgent``
+loop, driven by its own scripted ``DeterministicModel`` in place of an LLM). Each episode is a
+session from a real task, graded in a clean room; infra errors are surfaced the framework's way;
+no session is left behind."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from helpers import daemon_config, running_daemon
+from rlsandbox.daemon.config import PoolConfig
+from rlsandbox.daemon.grading.task import Task, load_tasks
+from rlsandbox.daemon.server import NodeDaemon
+
+pytestmark = pytest.mark.docker
+
+TASKS = Path(__file__).resolve().parent.parent / "fixtures" / "tasks"
+BUG = "def multiply(a, b):\n    return a + b\n"
+FIX = "def multiply(a, b):\n    return a * b\n"
+
+
+@pytest.fixture(scope="module")
+async def node(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
+    pools = [PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=12)]
+    async with running_daemon(daemon_config(pools=pools)) as daemon:
+        yield daemon
+
+
+@pytest.fixture(scope="module")
+def task() -> Task:
+    return {t.id: t for t in load_tasks(TASKS)}["py-calc"]
+
+
+def no_sessions_left(node: NodeDaemon) -> None:
+    assert not node.sessions.sessions, f"sessions left open: {list(node.sessions.sessions)}"
+
+
+async def test_gymnasium_env_episodes_are_graded_sessions(node: NodeDaemon, task: Task) -> None:
+    import asyncio
+
+    import gymnasium
+
+    def play() -> list[tuple[float, bool, bool, dict[str, object]]]:
+        import rlsandbox.integrations.gymnasium  # noqa: F401 - registers rlsandbox/Sandbox-v0
+
+        env = gymnasium.make("rlsandbox/Sandbox-v0", target=node.address, tasks=[task], max_steps=4, labels={"run": "gym"})
+        outcomes = []
+        try:
+            obs, info = env.reset(seed=0)
+            assert "multiply" in obs and info["task_id"] == "py-calc" and info["workdir"] == "/workspace"
+            obs, reward, terminated, truncated, info = env.step("grep -n 'a + b' calc/__init__.py")
+            assert "return a + b" in obs and "[exit code 0]" in obs and reward == 0.0 and not terminated
+            view = env.step(json.dumps({"tool": "view", "path": "calc/__init__.py", "start": 1, "end": 3}))[0]
+            assert "     1\t" in view
+            edited = env.step(json.dumps({"tool": "edit", "path": "calc/__init__.py", "old": BUG, "new": FIX}))[0]
+            assert edited == "edited calc/__init__.py"
+            obs, reward, terminated, truncated, info = env.step('{"tool": "submit"}')
+            outcomes.append((reward, terminated, truncated, info))
+            # A second episode that never submits: truncated at max_steps, graded all the same.
+            env.reset(options={"task": 0})
+            bad = env.step(json.dumps({"tool": "edit", "path": "calc/__init__.py", "old": "nope", "new": "x"}))[0]
+            assert "occurs 0 times" in bad
+            assert "unknown tool" in env.step('{"tool": "rm -rf"}')[0]
+            env.step("true")
+            obs, reward, terminated, truncated, info = env.step("true")
+            outcomes.append((reward, terminated, truncated, info))
+            # Gymnasium's own checker: spaces, reset and step with sampled actions.
+            from gymnasium.utils.env_checker import check_env
+
+            check_env(env.unwrapped, skip_render_check=True)
+        finally:
+            env.close()
+        return outcomes
+
+    solved, timed_out = await asyncio.to_thread(play)
+    assert solved[0] == 1.0 and solved[1] is True and solved[2] is False and solved[3]["status"] == "ok"
+    assert "infra_error" not in solved[3]
+    assert timed_out[0] == 0.0 and timed_out[1] is False and timed_out[2] is True and timed_out[3]["status"] == "ok"
+    no_sessions_left(node)
+
+
+async def test_gymnasium_masks_an_infra_error_instead_of_scoring_it(node: NodeDaemon, task: Task) -> None:
+    import asyncio
+
+    from rlsandbox.integrations.gymnasium import SandboxEnv
+
+    def play() -> tuple[float, bool, dict[str, object]]:
+        env = SandboxEnv(node.address, tasks=[task])
+        try:
+            env.reset(seed=1)
+            _, reward, terminated, _, info = env.step("kill -9 1")  # the sandbox's agent: the sandbox dies
+            return reward, terminated, info
+        finally:
+            env.close()
+
+    reward, terminated, info = await asyncio.to_thread(play)
+    assert reward == 0.0 and terminated and "infra_error" in info, info
+    no_sessions_left(node)
+
+
+MINI_SCRIPT = r"""
+import json, sys
+from minisweagent.agents.default import DefaultAgent
+from minisweagent.environments import get_environment
+from minisweagent.models.test_models import DeterministicModel, make_output
+
+target, spec_path, tar_path = sys.argv[1:4]
+task = [json.load(open(spec_path)), open(tar_path, "rb").read()]
+# Selected by import path, as a mini-swe-agent config does.
+env = get_environment({"environment_class": "rlsandbox.integrations.minisweagent.RlsandboxEnvironment",
+                       "target": target, "task": task, "labels": {"run": "mini"}, "timeout": 30})
+fix = "sed -i 's/return a + b$/return a * b/' calc/__init__.py"
+model = DeterministicModel(outputs=[
+    make_output("look", [{"command": "grep -n 'return' calc/__init__.py"}]),
+    make_output("fix", [{"command": fix}, {"command": "python3 -c 'import calc; print(calc.multiply(6, 7))'"}]),
+    make_output("done", [{"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff --stat"}]),
+])
+agent = DefaultAgent(model, env, system_template="You fix bugs.", instance_template="{{task}}", step_limit=10)
+try:
+    exit_info = agent.run("Fix multiply() in calc.")
+    observations = [m["content"] for m in agent.messages if m.get("role") == "user"][1:]
+    grade = env.grade()
+    print(json.dumps({"exit": exit_info.get("exit_status"), "observations": observations, "status": grade.status,
+                      "reward": grade.reward, "session": env.session.id}))
+finally:
+    env.cleanup()
+"""
+
+
+@pytest.mark.slow
+async def test_mini_swe_agent_runs_its_own_loop_in_a_session(node: NodeDaemon, task: Task, tmp_path: Path) -> None:
+    """mini-swe-agent (from PyPI, in its own virtualenv with the client) runs its DefaultAgent loop,
+    its scripted DeterministicModel in place of an LLM, in a session from the task: the commands run
+    in the sandbox, the submission ends the loop, and the grade is the reward."""
+    import asyncio
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin/python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    await asyncio.to_thread(
+        subprocess.run, [*pip, f"{root / 'client'}[mini-swe-agent]", "mini-swe-agent==2.4.6"], check=True, timeout=900
+    )
+    spec, tar = tmp_path / "spec.json", tmp_path / "ws.tar"
+    spec.write_text(task.spec_json())
+    tar.write_bytes(task.workspace_tar)
+    proc = await asyncio.create_subprocess_exec(
+        str(venv / "bin/python"), "-c", MINI_SCRIPT, node.address, str(spec), str(tar),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={"MSWEA_SILENT_STARTUP": "1", "MSWEA_GLOBAL_CONFIG_DIR": str(tmp_path / "mswea"), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 300)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    assert result["exit"] == "Submitted"
+    assert "return a + b" in result["observations"][0] and "<returncode>0</returncode>" in result["observations"][0]
+    assert "42" in result["observations"][1]  # the fix ran in the sandbox
+    assert result["status"] == "ok" and result["reward"] == 1.0
+    no_sessions_left(node)
