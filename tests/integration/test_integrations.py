@@ -84,21 +84,22 @@ async def test_gymnasium_env_episodes_are_graded_sessions(node: NodeDaemon, task
 
 
 async def test_gymnasium_masks_an_infra_error_instead_of_scoring_it(node: NodeDaemon, task: Task) -> None:
+    """The sandbox is killed from outside mid-episode (what a node failure looks like): the step
+    says so in info["infra_error"] with no reward, and the episode ends."""
     import asyncio
 
     from rlsandbox.integrations.gymnasium import SandboxEnv
 
-    def play() -> tuple[float, bool, dict[str, object]]:
-        env = SandboxEnv(node.address, tasks=[task])
-        try:
-            env.reset(seed=1)
-            _, reward, terminated, _, info = env.step("kill -9 1")  # the sandbox's agent: the sandbox dies
-            return reward, terminated, info
-        finally:
-            env.close()
-
-    reward, terminated, info = await asyncio.to_thread(play)
-    assert reward == 0.0 and terminated and "infra_error" in info, info
+    env = SandboxEnv(node.address, tasks=[task])
+    try:
+        _, info = await asyncio.to_thread(env.reset, seed=1)
+        sandbox = node.sessions.sessions[info["session_id"]].sandbox
+        assert sandbox is not None
+        await node.runtime.docker.containers.container(sandbox.container_id).kill()
+        _, reward, terminated, _, step_info = await asyncio.to_thread(env.step, "true")
+    finally:
+        await asyncio.to_thread(env.close)
+    assert reward == 0.0 and terminated and "infra_error" in step_info, step_info
     no_sessions_left(node)
 
 
@@ -113,7 +114,7 @@ task = [json.load(open(spec_path)), open(tar_path, "rb").read()]
 # Selected by import path, as a mini-swe-agent config does.
 env = get_environment({"environment_class": "rlsandbox.integrations.minisweagent.RlsandboxEnvironment",
                        "target": target, "task": task, "labels": {"run": "mini"}, "timeout": 30})
-fix = "sed -i 's/return a + b$/return a * b/' calc/__init__.py"
+fix = "sed -i '/def multiply/,/return/ s/a + b/a * b/' calc/__init__.py"
 model = DeterministicModel(outputs=[
     make_output("look", [{"command": "grep -n 'return' calc/__init__.py"}]),
     make_output("fix", [{"command": fix}, {"command": "python3 -c 'import calc; print(calc.multiply(6, 7))'"}]),
@@ -160,6 +161,7 @@ async def test_mini_swe_agent_runs_its_own_loop_in_a_session(node: NodeDaemon, t
     result = json.loads(out.decode().strip().splitlines()[-1])
     assert result["exit"] == "Submitted"
     assert "return a + b" in result["observations"][0] and "<returncode>0</returncode>" in result["observations"][0]
-    assert "42" in result["observations"][1]  # the fix ran in the sandbox
+    # One observation per action: the fix (sed, no output), then the fixed code run in the sandbox.
+    assert "<output>\n42\n</output>" in result["observations"][2], result["observations"]
     assert result["status"] == "ok" and result["reward"] == 1.0
     no_sessions_left(node)

@@ -92,7 +92,8 @@ class SandboxEnv(gymnasium.Env):  # type: ignore[type-arg]
         if self.session is None:
             raise RuntimeError("call reset() before step()")
         self.steps += 1
-        info: Dict[str, Any] = {"session_id": self.session.id, "step": self.steps}
+        # The session's id is in reset()'s info: a step's info is a function of the episode's actions.
+        info: Dict[str, Any] = {"step": self.steps}
         try:
             obs = tools.run(self.session, action, timeout=self.step_timeout)
         except SandboxAbortedError as e:  # the sandbox died: not the policy's score
