@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from rlsandbox.daemon.errors import InvalidArgument
 
@@ -98,6 +99,63 @@ async def _import_swebench(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _import_harbor(args: argparse.Namespace) -> int:
+    """Harbor / Terminal-Bench task folders (or folders of them) to tasks (JSONL); with
+    ``--build``, their environment images built by the local engine."""
+    from rlsandbox.daemon.grading.importers import HarborImage, from_harbor, is_harbor_task
+    from rlsandbox.daemon.grading.task import TaskError, TaskSpec
+
+    folders: list[Path] = []
+    for given in map(Path, args.paths):
+        found = [given] if is_harbor_task(given) else []
+        if not found and given.is_dir():
+            found = sorted(p for p in given.iterdir() if p.is_dir() and is_harbor_task(p))
+        if not found:
+            raise InvalidArgument(f"{given}: neither a Harbor task folder (task.toml, instruction.md) nor a folder of them")
+        folders.extend(found)
+    specs: list[TaskSpec] = []
+    builds: list[HarborImage] = []
+    for folder in folders:
+        try:
+            spec, build = from_harbor(folder, image_prefix=args.image_prefix)
+        except TaskError as e:
+            raise InvalidArgument(str(e)) from None
+        specs.append(spec)
+        if build is not None:
+            builds.append(build)
+    if args.build:
+        await _build_harbor_images(builds)
+    out = sys.stdout if args.out in (None, "-") else open(args.out, "w", encoding="utf-8")  # noqa: SIM115 - stdout is not ours to close
+    try:
+        for spec in specs:
+            out.write(spec.model_dump_json(exclude_none=True) + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    built = f", {len(builds)} image(s) built" if args.build else f"; build their {len(builds)} image(s) with --build"
+    print(f"{len(specs)} task(s) imported{built if builds else ''}", file=sys.stderr)
+    return 0
+
+
+async def _build_harbor_images(builds: list[Any]) -> None:
+    import io
+    import tarfile
+
+    from rlsandbox.daemon.runtime.docker import DockerRuntime
+
+    async with DockerRuntime(owner="rlsandbox-tasks", instance="import") as runtime:
+        for build in builds:
+            tag, context = build.tag, build.context
+            if await runtime.images.labels(tag) is not None:
+                print(f"{tag}: up to date", file=sys.stderr)
+                continue
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                tar.add(context, arcname=".")
+            await runtime.images.build(buf.getvalue(), tag=tag, labels={"rlsandbox.task-image": "harbor"})
+            print(f"{tag}: built from {context}", file=sys.stderr)
+
+
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -121,7 +179,7 @@ def _archive_base_commit(repo: str, doc: dict[str, object], out: Path) -> str:
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    tasks = sub.add_parser("tasks", help="validate tasks, print the task schema, import SWE-bench instances")
+    tasks = sub.add_parser("tasks", help="validate tasks, print the task schema, import SWE-bench instances and Harbor tasks")
     tasks_sub = tasks.add_subparsers(dest="tasks_command", required=True)
 
     v = tasks_sub.add_parser("validate", help="check every task through a daemon: empty patch fails, gold patch passes")
@@ -157,3 +215,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     sw.add_argument("--out", help="output JSONL file (default: standard output)")
     sw.set_defaults(handler=_import_swebench)
+
+    hb = tasks_sub.add_parser("import-harbor", help="convert Harbor / Terminal-Bench task folders to tasks (JSONL)")
+    hb.add_argument("paths", nargs="+", help="task folders, or folders of task folders")
+    hb.add_argument("--build", action="store_true", help="build each task's environment/Dockerfile image with the local engine")
+    hb.add_argument("--image-prefix", default="rlsandbox-harbor", help="repository prefix of the built images")
+    hb.add_argument("--out", help="output JSONL file (default: standard output)")
+    hb.set_defaults(handler=_import_harbor)

@@ -1,14 +1,28 @@
-"""Importers: tasks from datasets as they are published (SWE-bench-style JSONL today)."""
+"""Importers: tasks from datasets as they are published (SWE-bench-style JSONL; Harbor and
+Terminal-Bench task folders)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import posixpath
+import re
 import shlex
+import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from rlsandbox.daemon.grading.task import TEST_FOLDER, EvaluationSpec, TaskError, TaskSpec, WorkspaceSpec
+from rlsandbox.daemon.grading.task import (
+    DEFAULT_PROTECTED,
+    TEST_FOLDER,
+    EvaluationSpec,
+    RewardSpec,
+    TaskError,
+    TaskSpec,
+    WorkspaceSpec,
+)
 
 
 # -- SWE-bench ------------------------------------------------------------------------------------
@@ -119,3 +133,116 @@ def instance_image(instance: Mapping[str, Any], template: str) -> str:
         return template.format(instance_id=iid, docker_id=iid.replace("__", "_1776_").lower())
     except (KeyError, IndexError, ValueError) as e:
         raise TaskError(f"image template {template!r}: {e} (use {{instance_id}} or {{docker_id}}, or 'field')") from None
+
+
+# -- Harbor / Terminal-Bench task folders --------------------------------------------------------
+HARBOR_TESTS = ".rlsandbox-harbor-tests"  # where the clean room receives tests/ (then moved to /tests)
+_JSON_REWARD = """python3 -c 'import json; print(json.load(open("/logs/verifier/reward.json"))["reward"])'"""
+HARBOR_REWARD = (
+    "if [ -f /logs/verifier/reward.txt ]; then cat /logs/verifier/reward.txt; "
+    f"elif [ -f /logs/verifier/reward.json ]; then {_JSON_REWARD}; "
+    "else echo 'the verifier wrote no /logs/verifier/reward.txt or reward.json' >&2; exit 1; fi"
+)
+
+
+@dataclass(frozen=True)
+class HarborImage:
+    """The image a Harbor task's ``environment/`` builds (``docker build`` of that folder)."""
+
+    tag: str
+    context: Path
+
+
+def _dockerfile_workdir(dockerfile: str) -> str:
+    workdir = ""
+    for line in dockerfile.splitlines():
+        parts = line.strip().split(None, 1)
+        if len(parts) == 2 and parts[0].upper() == "WORKDIR":
+            value = parts[1].strip().strip('"')
+            workdir = value if value.startswith("/") else posixpath.join(workdir or "/", value)
+    return workdir
+
+
+def _folder_digest(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def is_harbor_task(folder: Path) -> bool:
+    return (folder / "task.toml").is_file() and (folder / "instruction.md").is_file()
+
+
+def from_harbor(
+    folder: Path, *, image_prefix: str = "rlsandbox-harbor", workdir: str = ""
+) -> tuple[TaskSpec, HarborImage | None]:
+    """A task from a Harbor (or migrated Terminal-Bench) task folder: ``instruction.md`` is the
+    problem statement, ``environment/Dockerfile`` the image (tagged by its content; build it with
+    ``rlsandbox tasks import-harbor --build``) unless ``task.toml`` names a ``docker_image``, and its
+    last ``WORKDIR`` the workspace (default ``/app``). ``tests/`` reaches only the clean room, at
+    ``/tests``, where ``bash /tests/test.sh`` runs with the verifier's timeout and environment,
+    and the reward is what it writes to ``/logs/verifier/reward.txt`` (or ``reward.json``'s
+    ``reward``): Harbor's convention, non-binary rewards included. ``solution/solve.sh`` is kept
+    in the metadata (``solution_script``). Tests that need the network cannot run: clean rooms
+    have none."""
+    folder = folder.resolve()
+    if not is_harbor_task(folder):
+        raise TaskError(f"{folder}: not a Harbor task folder (task.toml and instruction.md are needed)")
+    try:
+        config = tomllib.loads((folder / "task.toml").read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise TaskError(f"{folder / 'task.toml'}: {e}") from None
+    name = str((config.get("task") or {}).get("name") or folder.name)
+    task_id = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or folder.name
+    verifier = config.get("verifier") or {}
+    environment = config.get("environment") or {}
+    tests_dir = folder / "tests"
+    if not (tests_dir / "test.sh").is_file():
+        raise TaskError(f"{folder}: tests/test.sh is missing (Harbor's verifier entry point)")
+    hidden: dict[str, str] = {}
+    for path in sorted(p for p in tests_dir.rglob("*") if p.is_file()):
+        try:
+            hidden[f"{HARBOR_TESTS}/{path.relative_to(tests_dir).as_posix()}"] = path.read_text()
+        except UnicodeDecodeError:
+            raise TaskError(f"{path}: binary test files are not supported (hidden tests are text)") from None
+    image_build: HarborImage | None = None
+    dockerfile = folder / "environment" / "Dockerfile"
+    if environment.get("docker_image"):
+        image = str(environment["docker_image"])
+    elif dockerfile.is_file():
+        safe = re.sub(r"[^a-z0-9_.-]+", "-", task_id.lower()).strip("-.") or "task"
+        image = f"{image_prefix}/{safe}:{_folder_digest(dockerfile.parent)}"
+        image_build = HarborImage(image, dockerfile.parent)
+    else:
+        raise TaskError(f"{folder}: no environment/Dockerfile and no [environment] docker_image in task.toml")
+    workspace = workdir or (_dockerfile_workdir(dockerfile.read_text()) if dockerfile.is_file() else "") or "/app"
+    test_command = (
+        f"rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier && cp -a {HARBOR_TESTS}/. /tests/ "
+        f"&& rm -rf {HARBOR_TESTS} && bash /tests/test.sh"
+    )
+    metadata: dict[str, Any] = {"format": "harbor", "source": str(folder)}
+    for key in ("metadata", "agent", "environment"):
+        if config.get(key):
+            metadata[key] = config[key]
+    solve = folder / "solution" / "solve.sh"
+    if solve.is_file():
+        metadata["solution_script"] = solve.read_text()
+    spec = TaskSpec(
+        id=task_id,
+        image=image,
+        problem_statement=(folder / "instruction.md").read_text(),
+        workspace=WorkspaceSpec(path=workspace, source="image", git="keep"),
+        evaluation=EvaluationSpec(
+            test_command=test_command,
+            report_format="exit-code",
+            timeout=float(verifier.get("timeout_sec") or 600.0),
+            env={str(k): str(v) for k, v in (verifier.get("env") or {}).items()},
+            hidden_tests=hidden,
+            # What the agent writes where the tests arrive is discarded (and reported as tampering).
+            protected=[*DEFAULT_PROTECTED, f"{HARBOR_TESTS}/**", HARBOR_TESTS],
+            reward=RewardSpec(policy="command", command=HARBOR_REWARD),
+        ),
+        metadata=metadata,
+    )
+    return spec, image_build
