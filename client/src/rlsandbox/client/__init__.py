@@ -33,6 +33,7 @@ from rlsandbox.client._types import (
     PoolStatus,
     PrefetchInfo,
     SessionInfo,
+    TaskRef,
     TestOutcome,
 )
 
@@ -61,6 +62,7 @@ __all__ = [
     "Session",
     "SessionInfo",
     "SessionOptions",
+    "TaskRef",
     "TestOutcome",
     "TransportSecurityError",
     "UnauthenticatedError",

@@ -190,6 +190,15 @@ class PoolStatus:
 
 
 @dataclass(frozen=True)
+class TaskRef:
+    """A task by reference: ``task=TaskRef("py-calc@1f2e...")`` starts a session from a task the
+    node knows (from Prefetch) or fetches once from the task object store (``rlsandbox tasks push``
+    prints the refs), instead of sending its workspace with every call."""
+
+    ref: str
+
+
+@dataclass(frozen=True)
 class PrefetchInfo:
     """What a node keeps prepared for a task. Pass it (or its ``ref``) as ``task=`` to start
     sessions from the task without sending its workspace again."""

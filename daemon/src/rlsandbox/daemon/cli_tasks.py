@@ -156,6 +156,32 @@ async def _build_harbor_images(builds: list[Any]) -> None:
             print(f"{tag}: built from {context}", file=sys.stderr)
 
 
+async def _push(args: argparse.Namespace) -> int:
+    """Store tasks in the NATS object store, content-addressed; print their refs (JSONL)."""
+    import nats
+    from rlsandbox.daemon.events.connection import NatsAuth
+    from rlsandbox.daemon.grading.bundles import push
+    from rlsandbox.daemon.grading.task import TaskError, load_tasks
+
+    try:
+        tasks = load_tasks(Path(args.path))
+    except TaskError as e:
+        raise InvalidArgument(str(e)) from None
+    auth = NatsAuth(credentials=args.nats_creds, token_file=args.nats_token_file, tls_ca=args.nats_tls_ca)
+    nc = await nats.connect(args.nats, name="rlsandbox-tasks-push", connect_timeout=5, **auth.connect_options())
+    stored = 0
+    try:
+        js = nc.jetstream(timeout=120)
+        for task in tasks:
+            ref, new = await push(js, task)
+            stored += new
+            print(json.dumps({"id": task.id, "ref": ref, "bytes": len(task.workspace_tar), "stored": new}))
+    finally:
+        await nc.close()
+    print(f"{len(tasks)} task(s): {stored} stored, {len(tasks) - stored} already there", file=sys.stderr)
+    return 0
+
+
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -215,6 +241,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     sw.add_argument("--out", help="output JSONL file (default: standard output)")
     sw.set_defaults(handler=_import_swebench)
+
+    ps = tasks_sub.add_parser("push", help="store tasks in the NATS object store by ref; print the refs (JSONL)")
+    ps.add_argument("path", help="a task file (.yaml, .json, .jsonl) or a folder of task files")
+    ps.add_argument("--nats", default="nats://127.0.0.1:4222", help="NATS server URL")
+    ps.add_argument("--nats-creds", default=None, help="NATS .creds file")
+    ps.add_argument("--nats-token-file", default=None, help="file holding the NATS token")
+    ps.add_argument("--nats-tls-ca", default=None, help="CA of the NATS server's certificate")
+    ps.set_defaults(handler=_push)
 
     hb = tasks_sub.add_parser("import-harbor", help="convert Harbor / Terminal-Bench task folders to tasks (JSONL)")
     hb.add_argument("paths", nargs="+", help="task folders, or folders of task folders")

@@ -30,6 +30,7 @@ from rlsandbox.daemon.config import DaemonConfig, PoolConfig
 from rlsandbox.daemon.errors import SandboxError, Unavailable
 from rlsandbox.daemon.events.model import HEARTBEAT
 from rlsandbox.daemon.events.publisher import EventPublisher
+from rlsandbox.daemon.grading.bundles import TaskBundles
 from rlsandbox.daemon.grading.grader import Grader
 from rlsandbox.daemon.journal import SessionJournal
 from rlsandbox.daemon.logs import set_node_fields
@@ -128,7 +129,10 @@ class NodeDaemon:
         self.docker_ok = False
         self.serving = True
         self.started = time.monotonic()
-        self.servicer = SandboxServicer(self.sessions, config, docker_ok=lambda: self.docker_ok, status=self.status)
+        self.bundles = TaskBundles(config.nats_url, auth=config.nats_auth()) if config.nats_url else None
+        self.servicer = SandboxServicer(
+            self.sessions, config, docker_ok=lambda: self.docker_ok, status=self.status, bundles=self.bundles
+        )
         self.server: grpc.aio.Server | None = None
         self.unix_server: grpc.aio.Server | None = None  # only when the unix socket is open and TCP is not
         self.tcp_port: int | None = None
@@ -385,6 +389,8 @@ class NodeDaemon:
                 await self.reconciler.sweep(grace=0)  # anything a cancelled create left behind
         if self.events is not None:
             await self.events.stop(drain_timeout=drain)  # the rest stays in the outbox
+        if self.bundles is not None:
+            await self.bundles.close()
         await self.runtime.close()
         if self.journal is not None:
             await self.journal.close()

@@ -15,6 +15,7 @@ import grpc
 from rlsandbox.daemon.api import convert
 from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.errors import FailedPrecondition, InvalidArgument, SandboxError, Unavailable
+from rlsandbox.daemon.grading.bundles import TaskBundles
 from rlsandbox.daemon.model import OutputChunk
 from rlsandbox.daemon.session import SessionManager
 from rlsandbox.daemon.status import NodeStatus
@@ -28,14 +29,29 @@ MAX_BATCH = 4096
 
 class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     def __init__(
-        self, sessions: SessionManager, config: DaemonConfig, *, docker_ok: Callable[[], bool], status: Callable[[], NodeStatus]
+        self,
+        sessions: SessionManager,
+        config: DaemonConfig,
+        *,
+        docker_ok: Callable[[], bool],
+        status: Callable[[], NodeStatus],
+        bundles: TaskBundles | None = None,
     ) -> None:
         self.sessions = sessions
         self.config = config
         self.docker_ok = docker_ok
         self.status = status
+        self.bundles = bundles
+
+    async def _resolve(self, t: pb.Task) -> None:
+        """A task ref this node does not know comes from the object store (grading/bundles.py)."""
+        prefetcher = self.sessions.prefetcher
+        if t.ref and not t.spec_json and self.bundles is not None and not prefetcher.knows(t.ref):
+            prefetcher.remember(t.ref, await self.bundles.fetch(t.ref))
 
     async def CreateSession(self, request: pb.CreateSessionRequest, context: grpc.aio.ServicerContext) -> pb.Session:
+        if request.HasField("task"):
+            await self._resolve(request.task)
         options = convert.session_options(request, self.config, self.sessions.prefetcher.known)
         if not self.docker_ok():
             # Its warm sandboxes may be dead without anyone knowing yet: hand out none.
@@ -142,6 +158,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             raise InvalidArgument("task is required: the task to prepare sandboxes for")
         if request.ttl < 0 or request.ttl != request.ttl:
             raise InvalidArgument(f"ttl must be >= 0 seconds (got {request.ttl})")
+        await self._resolve(request.task)
         task = convert.task(request.task, self.sessions.prefetcher.known)
         state = await self.sessions.prefetch(task, request.count, request.ttl or self.config.prefetch_ttl)
         return convert.prefetch_response(state)

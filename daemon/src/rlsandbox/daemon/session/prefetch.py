@@ -137,6 +137,9 @@ class Prefetcher:
             if old != ref and (warm is None or not (warm.target or warm.ready or warm.preparing)):
                 self._known_bytes -= len(self._known.pop(old).workspace_tar)
 
+    def knows(self, ref: str) -> bool:
+        return ref in self._known
+
     def known(self, ref: str) -> Task:
         task = self._known.get(ref)
         if task is None:
