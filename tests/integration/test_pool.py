@@ -238,7 +238,7 @@ async def test_two_nodes_on_one_host_never_sweep_each_others_agent_sockets(image
         spec = PoolSpec(name="python", container=ContainerSpec(image="rlsandbox/python-task:latest"), min_ready=0, max_total=2)
         sandbox = await factories[0].create(spec)
         try:
-            folder = factories[0].socket_root / sandbox.name  # type: ignore[operator]
+            folder = factories[0].socket_folder(sandbox.name)
             assert folder.is_dir()
             await Reconciler(factories[1], interval=3600).sweep(grace=0)  # the other node starts up
             assert folder.is_dir(), "another node's sweep removed this node's agent socket folder"
@@ -251,3 +251,17 @@ async def test_two_nodes_on_one_host_never_sweep_each_others_agent_sockets(image
     finally:
         for r in runtimes:
             await r.close()
+
+
+async def test_a_pool_with_a_long_name_gets_working_sandboxes(docker_runtime: DockerRuntime, images: dict[str, str]) -> None:
+    """Pools made for images have long names (img-<image>-<digest>), and a sandbox's socket folder
+    was named after its container: the agent's socket path went past the 107 bytes a unix socket
+    may have ("AF_UNIX path too long"). The folder is now named by a digest of the container name."""
+    factory = SandboxFactory(docker_runtime)
+    name = "img-" + "r" * 80 + "-0123abcd"
+    sandbox = await factory.create(PoolSpec(name=name, container=ContainerSpec(image="rlsandbox/python-task:latest")))
+    try:
+        assert len(str(factory.socket_folder(sandbox.name) / "agent.sock")) < 108 < len(sandbox.name) + 40
+        assert (await sandbox.exec(ExecRequest(argv=("echo", "ok")))).stdout == b"ok\n"
+    finally:
+        await factory.destroy(sandbox)

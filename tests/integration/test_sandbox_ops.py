@@ -183,8 +183,7 @@ async def test_socket_agent_outlives_its_daemon_connection(docker_runtime: Docke
         await sb.channel.close("daemon crashed")
         with pytest.raises(SandboxDied):
             await waited
-        assert factory.socket_root is not None
-        listener = await AgentListener.open(factory.socket_root / sb.name / "agent.sock")  # the next daemon
+        listener = await AgentListener.open(factory.socket_folder(sb.name) / "agent.sock")  # the next daemon
         sb.channel = await accept_agent(listener, sb.name, 10)
         await listener.close()
         await asyncio.sleep(1.2)
@@ -200,8 +199,7 @@ async def test_the_sandbox_cannot_write_its_host_folder(docker_runtime: DockerRu
     replaced or redirected there, and the host folder holds the daemon's socket and nothing else."""
     factory = SandboxFactory(docker_runtime)
     sb = await factory.create(PoolSpec(name="hostdir", container=ContainerSpec(image=images["python"])))
-    assert factory.socket_root is not None
-    host = factory.socket_root / sb.name
+    host = factory.socket_folder(sb.name)
     try:
         attempts = {
             "create": "echo x > /.rlsandbox/sock/file",

@@ -49,6 +49,11 @@ class SetupFailed(SandboxError):
 OOM_EVENT_SETTLE = 1.5  # seconds a SIGKILLed sandbox's OOM event may come after its exit
 
 
+def socket_folder_name(container: str) -> str:
+    """The name of a sandbox's socket folder under its node's folder (see SandboxFactory.socket_folder)."""
+    return "s-" + hashlib.sha256(container.encode()).hexdigest()[:16]
+
+
 def node_socket_folder(owner: str) -> str:
     """The folder of one node's agent sockets under the shared root: short (a unix socket's path
     has at most 107 bytes), and safe whatever the node id holds."""
@@ -110,7 +115,7 @@ class SandboxFactory:
                 use_agent = cspec.agent is AgentMode.AGENT
             socket_dir = None
             if use_agent and self.socket_root is not None and cspec.runtime == "runc":
-                socket_dir = self.socket_root / name
+                socket_dir = self.socket_folder(name)
                 prepare_folder(socket_dir)
                 listener = await AgentListener.open(socket_dir / AGENT_SOCKET)  # before the agent dials
             config = container_config(
@@ -161,7 +166,7 @@ class SandboxFactory:
         if entry.transport == "dial":
             if self.socket_root is None:
                 raise SandboxDied("its agent socket is not kept by this configuration (agent_socket_root is empty)")
-            folder = self.socket_root / entry.container
+            folder = self.socket_folder(entry.container)
             prepare_folder(folder)
             listener = await AgentListener.open(folder / AGENT_SOCKET)
             try:
@@ -267,7 +272,18 @@ class SandboxFactory:
             self.live.pop(name, None)
             await self.remove_folder(name)
 
+    def socket_folder(self, name: str) -> Path:
+        """The host folder of sandbox ``name``'s agent socket: named by a digest of the container
+        name, so a socket path stays under the 107 bytes a unix socket may have whatever the
+        pool's name (image pools have long ones)."""
+        assert self.socket_root is not None
+        return self.socket_root / socket_folder_name(name)
+
     async def remove_folder(self, name: str) -> None:
-        """A sandbox's host folder, off the event loop."""
+        """Remove sandbox ``name``'s socket folder, off the event loop (nothing if sockets are not kept)."""
         if self.socket_root is not None:
-            await asyncio.to_thread(remove_folder, self.socket_root / name, AGENT_SOCKET)
+            await self.remove_folder_named(socket_folder_name(name))
+
+    async def remove_folder_named(self, folder: str) -> None:
+        if self.socket_root is not None:
+            await asyncio.to_thread(remove_folder, self.socket_root / folder, AGENT_SOCKET)

@@ -8,7 +8,7 @@ import logging
 import time
 
 from rlsandbox.daemon.errors import SandboxError
-from rlsandbox.daemon.pool.factory import SandboxFactory
+from rlsandbox.daemon.pool.factory import SandboxFactory, socket_folder_name
 from rlsandbox.daemon.runtime.docker import LABEL_CREATED, LABEL_MANAGED, LABEL_OWNER
 
 log = logging.getLogger(__name__)
@@ -73,9 +73,10 @@ class Reconciler:
         if root is None:
             return
         names = await asyncio.to_thread(lambda: [p.name for p in root.iterdir()] if root.is_dir() else [])
+        keep = {socket_folder_name(n) for n in (*listed, *self._factory.live)}
         for name in names:
-            if name not in listed and name not in self._factory.live:
-                await self._factory.remove_folder(name)
+            if name not in keep:
+                await self._factory.remove_folder_named(name)
 
     async def run(self) -> None:
         """Periodic sweeps until :meth:`stop`."""
