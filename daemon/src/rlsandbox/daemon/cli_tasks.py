@@ -161,10 +161,10 @@ async def _push(args: argparse.Namespace) -> int:
     import nats
     from rlsandbox.daemon.events.connection import NatsAuth
     from rlsandbox.daemon.grading.bundles import push
-    from rlsandbox.daemon.grading.task import TaskError, load_tasks
+    from rlsandbox.daemon.grading.task import MAX_BUNDLE_WORKSPACE_BYTES, TaskError, load_tasks
 
     try:
-        tasks = load_tasks(Path(args.path))
+        tasks = load_tasks(Path(args.path), workspace_limit=MAX_BUNDLE_WORKSPACE_BYTES)
     except TaskError as e:
         raise InvalidArgument(str(e)) from None
     auth = NatsAuth(credentials=args.nats_creds, token_file=args.nats_token_file, tls_ca=args.nats_tls_ca)

@@ -25,7 +25,7 @@ import nats.errors
 import nats.js.errors
 from rlsandbox.daemon.errors import FailedPrecondition, NotFound, Unavailable
 from rlsandbox.daemon.events.connection import NatsAuth
-from rlsandbox.daemon.grading.task import Task, TaskError
+from rlsandbox.daemon.grading.task import MAX_BUNDLE_WORKSPACE_BYTES, Task, TaskError
 from rlsandbox.daemon.session.prefetch import task_ref
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def unpack(data: bytes, ref: str) -> Task:
         raise FailedPrecondition(f"task bundle {ref!r} in the object store is not an rlsandbox task bundle; push it again")
     (size,) = struct.unpack(">Q", data[len(MAGIC) : head])
     try:
-        task = Task.from_wire(data[head : head + size], data[head + size :])
+        task = Task.from_wire(data[head : head + size], data[head + size :], workspace_limit=MAX_BUNDLE_WORKSPACE_BYTES)
     except TaskError as e:
         raise FailedPrecondition(f"task bundle {ref!r} holds an invalid task ({e}); push it again") from None
     actual = task_ref(task)

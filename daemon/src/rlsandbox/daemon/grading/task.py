@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rlsandbox.daemon.grading.reports import OUTPUT_FORMATS, REPORT_FORMATS
 from rlsandbox.daemon.model import check_image_reference, image_pool_name
 
-MAX_WORKSPACE_BYTES = 32 << 20
+MAX_WORKSPACE_BYTES = 32 << 20  # a workspace sent inline through the API (its field's limit)
+MAX_BUNDLE_WORKSPACE_BYTES = 256 << 20  # a workspace that travels as a bundle (grading/bundles.py)
 # Never copied from a workspace directory: history (see WorkspaceSpec.git) and caches.
 WORKSPACE_EXCLUDES = (".git", "__pycache__", ".pytest_cache", ".mypy_cache", "node_modules/.cache")
 
@@ -236,8 +237,9 @@ class Task:
         return self.spec.model_dump_json(exclude_none=True)
 
     @classmethod
-    def from_wire(cls, spec_json: str | bytes, workspace_tar: bytes = b"") -> Task:
-        """Validate a task received over the API; raises TaskError with what is wrong."""
+    def from_wire(cls, spec_json: str | bytes, workspace_tar: bytes = b"", *, workspace_limit: int = MAX_WORKSPACE_BYTES) -> Task:
+        """Validate a task received over the API (or as a bundle, with a bundle's ``workspace_limit``);
+        raises TaskError with what is wrong."""
         try:
             spec = TaskSpec.model_validate_json(spec_json)
         except ValidationError as e:
@@ -248,7 +250,7 @@ class Task:
                 "load the task with rlsandbox.daemon.grading.task.load_tasks (or send the tarball) instead"
             )
         if spec.workspace.source == "bundle" and workspace_tar:
-            _check_tar(workspace_tar, spec.id)
+            _check_tar(workspace_tar, spec.id, workspace_limit)
         return cls(spec, workspace_tar)
 
 
@@ -256,9 +258,10 @@ def _errors(e: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(x) for x in err['loc']) or 'task'}: {err['msg']}" for err in e.errors())
 
 
-def _check_tar(data: bytes, task_id: str) -> None:
-    if len(data) > MAX_WORKSPACE_BYTES:
-        raise TaskError(f"task {task_id}: workspace tarball is {len(data)} bytes; the limit is {MAX_WORKSPACE_BYTES}")
+def _check_tar(data: bytes, task_id: str, limit: int = MAX_WORKSPACE_BYTES) -> None:
+    if len(data) > limit:
+        hint = "" if limit >= MAX_BUNDLE_WORKSPACE_BYTES else " inline (push the task as a bundle for up to 256 MiB)"
+        raise TaskError(f"task {task_id}: workspace tarball is {len(data)} bytes; the limit is {limit}{hint}")
     try:
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             for m in tar:
@@ -269,7 +272,7 @@ def _check_tar(data: bytes, task_id: str) -> None:
         raise TaskError(f"task {task_id}: workspace tarball is not usable: {e}") from None
 
 
-def tar_directory(root: Path, excludes: tuple[str, ...] = WORKSPACE_EXCLUDES) -> bytes:
+def tar_directory(root: Path, excludes: tuple[str, ...] = WORKSPACE_EXCLUDES, limit: int = MAX_WORKSPACE_BYTES) -> bytes:
     """A deterministic tarball of ``root``'s contents (paths relative to it, sorted, fixed mtimes)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -289,8 +292,8 @@ def tar_directory(root: Path, excludes: tuple[str, ...] = WORKSPACE_EXCLUDES) ->
                 elif info.isdir() or info.issym():
                     tar.addfile(info)
     data = buf.getvalue()
-    if len(data) > MAX_WORKSPACE_BYTES:
-        raise TaskError(f"workspace {root} is {len(data)} bytes as a tarball; the limit is {MAX_WORKSPACE_BYTES}")
+    if len(data) > limit:
+        raise TaskError(f"workspace {root} is {len(data)} bytes as a tarball; the limit is {limit}")
     return data
 
 
@@ -315,7 +318,7 @@ def _read_dir_texts(root: Path) -> dict[str, str]:
     return out
 
 
-def resolve(doc: Mapping[str, Any], base_dir: Path, source: str = "") -> Task:
+def resolve(doc: Mapping[str, Any], base_dir: Path, source: str = "", workspace_limit: int = MAX_WORKSPACE_BYTES) -> Task:
     """Validate one task document and resolve its file references against ``base_dir``."""
     try:
         spec = TaskSpec.model_validate(doc)
@@ -330,10 +333,10 @@ def resolve(doc: Mapping[str, Any], base_dir: Path, source: str = "") -> Task:
             d = (base_dir / ws.dir).resolve()
             if not d.is_dir():
                 raise TaskError(f"{source or spec.id}: workspace.dir {d} is not a directory")
-            tar = tar_directory(d)
+            tar = tar_directory(d, limit=workspace_limit)
         else:
             tar = (base_dir / str(ws.tar)).read_bytes()
-            _check_tar(tar, spec.id)
+            _check_tar(tar, spec.id, workspace_limit)
     hidden = dict(ev.hidden_tests)
     if ev.hidden_tests_dir:
         d = (base_dir / ev.hidden_tests_dir).resolve()
@@ -371,8 +374,9 @@ def _documents(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
 TASK_SUFFIXES = (".yaml", ".yml", ".json", ".jsonl")
 
 
-def load_tasks(path: str | Path) -> list[Task]:
-    """Tasks from a file (.yaml, .yml, .json, .jsonl) or from every task file below a directory."""
+def load_tasks(path: str | Path, *, workspace_limit: int = MAX_WORKSPACE_BYTES) -> list[Task]:
+    """Tasks from a file (.yaml, .yml, .json, .jsonl) or from every task file below a directory
+    (``workspace_limit``: MAX_BUNDLE_WORKSPACE_BYTES for tasks pushed as bundles)."""
     p = Path(path)
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.suffix in TASK_SUFFIXES and f.name.startswith("task"))
@@ -382,7 +386,7 @@ def load_tasks(path: str | Path) -> list[Task]:
         files = [p]
     else:
         raise TaskError(f"{p}: no such file or directory")
-    tasks = [resolve(doc, f.parent, src) for f in files for doc, src in _documents(f)]
+    tasks = [resolve(doc, f.parent, src, workspace_limit) for f in files for doc, src in _documents(f)]
     seen: dict[str, str] = {}
     for t in tasks:
         if t.id in seen:
