@@ -165,3 +165,38 @@ async def test_mini_swe_agent_runs_its_own_loop_in_a_session(node: NodeDaemon, t
     assert "<output>\n42\n</output>" in result["observations"][2], result["observations"]
     assert result["status"] == "ok" and result["reward"] == 1.0
     no_sessions_left(node)
+
+
+async def test_skyrl_gym_text_env_episodes_are_graded_sessions(node: NodeDaemon, task: Task) -> None:
+    """SkyRL-gym (from PyPI): ``skyrl_gym.make`` builds the env, the model's text carries tool
+    calls in tags, the episode is graded at <submit/>, and text without a tool call is told how."""
+    import asyncio
+
+    import skyrl_gym
+
+    def play() -> tuple[list[dict[str, object]], dict[str, object]]:
+        import rlsandbox.integrations.skyrl  # noqa: F401 - registers "rlsandbox"
+
+        env = skyrl_gym.make("rlsandbox", env_config={"target": node.address, "labels": {"run": "skyrl"}},
+                             extras={"task": task, "max_turns": 6})  # fmt: skip
+        outs = []
+        try:
+            prompt, info = env.init([{"role": "user", "content": "fix multiply"}])
+            assert prompt[0]["content"] == "fix multiply" and info["workdir"] == "/workspace"
+            outs.append(env.step("I will look first. <bash>grep -n 'a + b' calc/__init__.py</bash>"))
+            outs.append(env.step("Thinking without a tool call."))
+            fix = json.dumps({"tool": "edit", "path": "calc/__init__.py", "old": BUG, "new": FIX})
+            outs.append(env.step(fix))
+            outs.append(env.step("Done. <submit/>"))
+            metrics = env.get_metrics()
+        finally:
+            env.close()
+        return outs, metrics
+
+    outs, metrics = await asyncio.to_thread(play)
+    assert "return a + b" in outs[0]["observations"][0]["content"] and outs[0]["reward"] == 0.0 and not outs[0]["done"]
+    assert "No tool call found" in outs[1]["observations"][0]["content"]
+    assert outs[2]["observations"][0]["content"] == "edited calc/__init__.py"
+    assert outs[3]["done"] and outs[3]["reward"] == 1.0 and outs[3]["metadata"]["status"] == "ok"
+    assert metrics == {"turns": 4, "resolved": 1.0, "graded": 1.0}
+    no_sessions_left(node)
