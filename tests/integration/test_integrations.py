@@ -200,3 +200,37 @@ async def test_skyrl_gym_text_env_episodes_are_graded_sessions(node: NodeDaemon,
     assert outs[3]["done"] and outs[3]["reward"] == 1.0 and outs[3]["metadata"]["status"] == "ok"
     assert metrics == {"turns": 4, "resolved": 1.0, "graded": 1.0}
     no_sessions_left(node)
+
+
+async def test_verl_tool_keeps_one_session_across_a_trajectorys_tool_calls(node: NodeDaemon, task: Task) -> None:
+    """verl's BaseTool interface (create / execute / calc_reward / release), as verl's agent loop
+    calls it; checked against that interface only: verl needs torch, which is not installed here."""
+    from rlsandbox.integrations.verl import SandboxTool
+
+    tool = SandboxTool({"type": "native", "target": node.address, "labels": {"run": "verl"}})
+    assert tool.get_openai_tool_schema()["function"]["name"] == "sandbox"
+    solved = await tool.create(create_kwargs={"task": task})
+    other = await tool.create("traj-2", task=task)
+    try:
+        text, step_reward, _ = await tool.execute(solved, {"action": "bash", "command": "grep -c 'a + b' calc/__init__.py"})
+        assert text.startswith("2\n") and step_reward == 0.0
+        viewed, _, _ = await tool.execute(solved, {"action": "view", "path": "calc/__init__.py", "start": 1, "end": 2})
+        assert "     1\t" in viewed
+        assert (await tool.execute(solved, {"action": "edit", "path": "calc/__init__.py", "old": BUG, "new": FIX}))[0] == (
+            "edited calc/__init__.py"
+        )
+        assert (
+            "occurs 0 times"
+            in (await tool.execute(other, {"action": "edit", "path": "calc/__init__.py", "old": "x" * 9, "new": "y"}))[0]
+        )
+        assert (await tool.execute(solved, {"action": "submit"}))[0] == "submitted: ok, reward 1.0"
+        assert await tool.calc_reward(solved) == 1.0
+        assert await tool.calc_reward(other) == 0.0  # graded at the end: the other trajectory fixed nothing
+        assert not tool.infra_error
+        unknown, _, metrics = await tool.execute("nope", {"action": "bash", "command": "true"})
+        assert "call create first" in unknown and metrics == {"error": "no_instance"}
+    finally:
+        await tool.release(solved)
+        await tool.release(other)
+        await tool.client.close()
+    no_sessions_left(node)

@@ -86,8 +86,7 @@ def run(session: Session, call: ToolCall, *, timeout: float = 120.0, cwd: str = 
         return Observation(f"wrote {len(content.encode())} bytes to {path}")
     if tool == "submit":
         grade = session.grade()
-        text = f"submitted: {grade.status}" + (f", reward {grade.reward}" if grade.reward is not None else f" ({grade.message})")
-        return Observation(text, grade=grade)
+        return Observation(submitted(grade), grade=grade)
     return Observation(f"unknown tool {tool!r}: use bash, view, edit, write or submit")
 
 
@@ -102,8 +101,27 @@ def _read(session: Session, path: Any) -> Union[str, Observation]:
 
 def _view(session: Session, c: Dict[str, Any]) -> Observation:
     text = _read(session, c.get("path"))
+    return text if isinstance(text, Observation) else view_text(text, c)
+
+
+def _edit(session: Session, c: Dict[str, Any]) -> Observation:
+    text = _read(session, c.get("path"))
     if isinstance(text, Observation):
         return text
+    outcome = edited(text, c)
+    if isinstance(outcome, Observation):
+        return outcome
+    session.write_files({c["path"]: outcome})
+    return Observation(f"edited {c['path']}")
+
+
+# -- the pure parts, shared with the async adapters --------------------------------------------
+def submitted(grade: GradeResult) -> str:
+    return f"submitted: {grade.status}" + (f", reward {grade.reward}" if grade.reward is not None else f" ({grade.message})")
+
+
+def view_text(text: str, c: Dict[str, Any]) -> Observation:
+    """A file's lines ``start`` to ``end`` (1-based), numbered, at most MAX_VIEW of them."""
     lines = text.splitlines()
     start = max(int(c.get("start") or 1), 1)
     end = min(int(c.get("end") or len(lines)), start + MAX_VIEW - 1, len(lines))
@@ -112,15 +130,12 @@ def _view(session: Session, c: Dict[str, Any]) -> Observation:
     return Observation(shown + more)
 
 
-def _edit(session: Session, c: Dict[str, Any]) -> Observation:
+def edited(text: str, c: Dict[str, Any]) -> Union[str, Observation]:
+    """``text`` with ``old`` replaced by ``new`` (``old`` must occur exactly once), or why not."""
     old, new = c.get("old"), c.get("new")
     if not isinstance(old, str) or not old or not isinstance(new, str):
         return Observation("edit needs 'path', 'old' (the exact text to replace, non-empty) and 'new'")
-    text = _read(session, c.get("path"))
-    if isinstance(text, Observation):
-        return text
     found = text.count(old)
     if found != 1:
-        return Observation(f"'old' occurs {found} times in {c['path']}; it must occur exactly once (add context)")
-    session.write_files({c["path"]: text.replace(old, new, 1)})
-    return Observation(f"edited {c['path']}")
+        return Observation(f"'old' occurs {found} times in {c.get('path')}; it must occur exactly once (add context)")
+    return text.replace(old, new, 1)
