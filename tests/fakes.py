@@ -8,15 +8,22 @@ real pool and agent are tested against Docker in tests/integration.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+import grpc
+from rlsandbox.daemon.api.edge import EdgeInterceptor
+from rlsandbox.daemon.api.servicer import SandboxServicer
+from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.errors import SandboxDied
 from rlsandbox.daemon.events.model import Event
 from rlsandbox.daemon.journal import JournalEntry
 from rlsandbox.daemon.model import ContainerSpec, ExecRequest, ExecResult, FileRead, FileWrite, FileWriteResult
 from rlsandbox.daemon.pool.spec import PoolSpec
 from rlsandbox.daemon.sandbox import Sandbox
+from rlsandbox.daemon.session import SessionManager
+from rlsandbox.v1 import sandbox_pb2_grpc
 
 
 def result(stdout: bytes = b"", exit_code: int = 0) -> ExecResult:
@@ -138,4 +145,21 @@ class FakePublisher:
         return [(e.seq, e.type) for e in self.events if e.session == session]
 
 
-__all__ = ["FakeChannel", "FakePool", "FakePublisher", "result"]
+@contextlib.asynccontextmanager
+async def serving(manager: SessionManager) -> AsyncIterator[str]:
+    """The real gRPC server, edge interceptor and servicer on a real port over ``manager``
+    (whose pools are fakes): the API as a client sees it, without Docker. Yields the address."""
+    config = DaemonConfig.model_validate({"node_id": manager.node_id, "pools": []})
+    servicer = SandboxServicer(manager, config, docker_ok=lambda: True, status=lambda: None)  # type: ignore[arg-type,return-value]
+    server = grpc.aio.server(interceptors=[EdgeInterceptor()])
+    sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(0)
+        await manager.close_all("test over")
+
+
+__all__ = ["FakeChannel", "FakePool", "FakePublisher", "result", "serving"]

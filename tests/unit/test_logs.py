@@ -11,12 +11,9 @@ from collections.abc import AsyncIterator
 import grpc
 import orjson
 import pytest
-from fakes import FakePool
+from fakes import FakePool, serving
 from rlsandbox.client import AsyncClient, NotFoundError
 from rlsandbox.daemon import logs
-from rlsandbox.daemon.api.edge import EdgeInterceptor
-from rlsandbox.daemon.api.servicer import SandboxServicer
-from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.session import SessionManager
 from rlsandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 
@@ -56,19 +53,8 @@ def test_text_format_and_level_specs() -> None:
 
 @pytest.fixture
 async def api(captured: io.StringIO) -> AsyncIterator[str]:
-    pool = FakePool("busybox")
-    manager = SessionManager("n1", {"busybox": pool}, max_sessions=4)
-    config = DaemonConfig.model_validate({"node_id": "n1", "pools": []})
-    servicer = SandboxServicer(manager, config, docker_ok=lambda: True, status=lambda: None)  # type: ignore[arg-type,return-value]
-    server = grpc.aio.server(interceptors=[EdgeInterceptor()])
-    sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await server.stop(0)
-        await manager.close_all("test over")
+    async with serving(SessionManager("n1", {"busybox": FakePool("busybox")}, max_sessions=4)) as address:
+        yield address
 
 
 async def test_an_error_reaches_the_client_typed_and_the_log_with_its_ids(api: str, captured: io.StringIO) -> None:

@@ -9,19 +9,15 @@ import asyncio
 import io
 from collections.abc import AsyncIterator
 
-import grpc
 import orjson
 import pytest
-from fakes import FakePool, FakePublisher
+from fakes import FakePool, FakePublisher, serving
 from opentelemetry import trace as otel
 from otlp import Receiver, attributes, otlp_receiver
 from rlsandbox.client import AsyncClient, NotFoundError, opentelemetry_metadata
 from rlsandbox.daemon import tracing
-from rlsandbox.daemon.api.edge import EdgeInterceptor
-from rlsandbox.daemon.api.servicer import SandboxServicer
 from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.session import SessionManager
-from rlsandbox.v1 import sandbox_pb2_grpc
 
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 PARENT_SPAN = 0x00F067AA0BA902B7
@@ -31,17 +27,8 @@ PARENT_SPAN = 0x00F067AA0BA902B7
 async def node() -> AsyncIterator[tuple[str, FakePublisher]]:
     events = FakePublisher()
     manager = SessionManager("n1", {"busybox": FakePool("busybox")}, max_sessions=4, events=events)  # type: ignore[arg-type]
-    config = DaemonConfig.model_validate({"node_id": "n1", "pools": []})
-    servicer = SandboxServicer(manager, config, docker_ok=lambda: True, status=lambda: None)  # type: ignore[arg-type,return-value]
-    server = grpc.aio.server(interceptors=[EdgeInterceptor()])
-    sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}", events
-    finally:
-        await server.stop(0)
-        await manager.close_all("test over")
+    async with serving(manager) as address:
+        yield address, events
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ import nats.errors
 import nats.js.errors
 from rlsandbox.daemon.errors import FailedPrecondition, NotFound, Unavailable
 from rlsandbox.daemon.events.connection import NatsAuth
+from rlsandbox.daemon.flight import SingleFlight
 from rlsandbox.daemon.grading.task import MAX_BUNDLE_WORKSPACE_BYTES, Task, TaskError
 from rlsandbox.daemon.session.prefetch import task_ref
 
@@ -87,27 +88,13 @@ class TaskBundles:
         self._auth = auth or NatsAuth()
         self.timeout = timeout
         self._nc: Any = None
-        self._inflight: dict[str, asyncio.Future[Task]] = {}
+        self._inflight: SingleFlight[str, Task] = SingleFlight()
         self.fetched_total = 0
         self.fetched_bytes = 0
 
     async def fetch(self, ref: str) -> Task:
         """The task of ``ref`` from the object store; concurrent callers share one fetch."""
-        waiting = self._inflight.get(ref)
-        if waiting is not None:
-            return await asyncio.shield(waiting)
-        future: asyncio.Future[Task] = asyncio.get_running_loop().create_future()
-        self._inflight[ref] = future
-        try:
-            task = await self._fetch(ref)
-        except BaseException as e:
-            future.set_exception(e if isinstance(e, Exception) else Unavailable("task bundle fetch cancelled"))
-            future.exception()  # retrieved: there may be nobody else waiting
-            raise
-        finally:
-            self._inflight.pop(ref, None)
-        future.set_result(task)
-        return task
+        return await self._inflight.run(ref, lambda: self._fetch(ref), lambda: Unavailable("task bundle fetch cancelled"))
 
     async def _fetch(self, ref: str) -> Task:
         try:

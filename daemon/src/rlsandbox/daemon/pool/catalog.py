@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlsandbox.daemon.errors import FailedPrecondition, ResourceExhausted, SandboxError
+from rlsandbox.daemon.flight import SingleFlight
 from rlsandbox.daemon.model import image_pool_name
 from rlsandbox.daemon.pool.factory import SandboxFactory
 from rlsandbox.daemon.pool.spec import PoolSpec
@@ -77,7 +78,7 @@ class PoolCatalog(Mapping[str, WarmPool]):
         self.registry = registry.rstrip("/")
         self._auth = registry_auth
         self.disk_budget_bytes = disk_budget_bytes
-        self._making: dict[str, asyncio.Future[WarmPool]] = {}
+        self._making: SingleFlight[str, WarmPool] = SingleFlight()
         self._demand: dict[str, list[tuple[float, int]]] = {}  # pool -> (time, acquired_total) samples
         self._pulled: dict[str, float] = {}  # images this node pulled -> last use (monotonic)
         self._sizes: dict[str, int] = {}  # ... and their size, asked of the engine once, at the pull
@@ -113,20 +114,10 @@ class PoolCatalog(Mapping[str, WarmPool]):
         if pool is not None:
             self._touch(image)
             return pool
-        making = self._making.get(name)
-        if making is None:  # one maker per image; concurrent callers wait for it
-            making = self._making[name] = asyncio.get_running_loop().create_future()
-            try:
-                pool = await self._make(image, name)
-            except BaseException as e:
-                making.set_exception(e if isinstance(e, Exception) else FailedPrecondition("making the pool was cancelled"))
-                making.exception()  # retrieved: there may be no other caller
-                raise
-            finally:
-                self._making.pop(name, None)
-            making.set_result(pool)
-            return pool
-        return await asyncio.shield(making)
+        # One maker per image; concurrent callers wait for it.
+        return await self._making.run(
+            name, lambda: self._make(image, name), lambda: FailedPrecondition("making the pool was cancelled")
+        )
 
     async def _make(self, image: str, name: str) -> WarmPool:
         maker = next((make for pattern, make in self._templates if fnmatch.fnmatchcase(image, pattern)), None)
