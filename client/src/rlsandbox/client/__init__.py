@@ -8,6 +8,7 @@ Depends on grpcio and protobuf only::
 """
 
 from rlsandbox.client._client import AsyncClient, AsyncSession, opentelemetry_metadata
+from rlsandbox.client._cluster import ClusterClient, ClusterNode
 from rlsandbox.client._errors import (
     DeadlineExceededError,
     FailedPreconditionError,
@@ -42,6 +43,8 @@ __all__ = [
     "AsyncSession",
     "BatchCommand",
     "Client",
+    "ClusterClient",
+    "ClusterNode",
     "Command",
     "DeadlineExceededError",
     "EventsStatus",

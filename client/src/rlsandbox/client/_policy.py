@@ -57,6 +57,7 @@ POLICIES: dict[str, CallPolicy] = {
     "GetNodeStatus": CallPolicy(_none, _always),
     "Prefetch": CallPolicy(_none, _always),  # sets a target: asking twice is asking once
     "Fork": CallPolicy(lambda r: FORK_EXTRA, lambda r: False),  # a retry would fork twice
+    "GetCluster": CallPolicy(_none, _always),
 }
 
 

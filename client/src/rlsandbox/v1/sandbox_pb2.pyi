@@ -31,6 +31,47 @@ EVALUATE_MODE_UNSPECIFIED: EvaluateMode
 EVALUATE_MODE_CLEAN_ROOM: EvaluateMode
 EVALUATE_MODE_IN_PLACE: EvaluateMode
 
+class GetClusterRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClusterNode(_message.Message):
+    __slots__ = ("node_id", "address", "sessions", "max_sessions", "free", "ready", "load1", "serving", "age")
+    class ReadyEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    FREE_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    LOAD1_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
+    AGE_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    sessions: int
+    max_sessions: int
+    free: int
+    ready: _containers.ScalarMap[str, int]
+    load1: float
+    serving: bool
+    age: float
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., sessions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., free: _Optional[int] = ..., ready: _Optional[_Mapping[str, int]] = ..., load1: _Optional[float] = ..., serving: _Optional[bool] = ..., age: _Optional[float] = ...) -> None: ...
+
+class Cluster(_message.Message):
+    __slots__ = ("nodes", "answered_by")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[ClusterNode]
+    answered_by: str
+    def __init__(self, nodes: _Optional[_Iterable[_Union[ClusterNode, _Mapping]]] = ..., answered_by: _Optional[str] = ...) -> None: ...
+
 class ForkRequest(_message.Message):
     __slots__ = ("session_id", "count", "labels")
     class LabelsEntry(_message.Message):

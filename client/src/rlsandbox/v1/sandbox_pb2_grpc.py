@@ -99,6 +99,11 @@ class SandboxServiceStub:
                 request_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.ForkRequest.SerializeToString,
                 response_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.ForkResponse.FromString,
                 _registered_method=True)
+        self.GetCluster = channel.unary_unary(
+                '/rlsandbox.v1.SandboxService/GetCluster',
+                request_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.GetClusterRequest.SerializeToString,
+                response_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.Cluster.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -198,6 +203,14 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCluster(self, request, context):
+        """The nodes of the cluster and their capacity, from the NATS node table (every node answers;
+        a node without NATS answers with itself): what a ClusterClient places sessions with.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -265,6 +278,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.Fork,
                     request_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.ForkRequest.FromString,
                     response_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.ForkResponse.SerializeToString,
+            ),
+            'GetCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCluster,
+                    request_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.GetClusterRequest.FromString,
+                    response_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.Cluster.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -618,6 +636,33 @@ class SandboxService:
             '/rlsandbox.v1.SandboxService/Fork',
             rlsandbox_dot_v1_dot_sandbox__pb2.ForkRequest.SerializeToString,
             rlsandbox_dot_v1_dot_sandbox__pb2.ForkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlsandbox.v1.SandboxService/GetCluster',
+            rlsandbox_dot_v1_dot_sandbox__pb2.GetClusterRequest.SerializeToString,
+            rlsandbox_dot_v1_dot_sandbox__pb2.Cluster.FromString,
             options,
             channel_credentials,
             insecure,

@@ -126,6 +126,9 @@ class DaemonConfig(BaseModel):
     node_id: str = Field(default_factory=lambda: socket.gethostname().split(".")[0] or "node")
     listen_tcp: str | None = "127.0.0.1:7420"
     listen_unix: str | None = None
+    # The address other machines reach this node at, in the cluster's node table (default: the
+    # TCP listener's address).
+    advertise_address: str = ""
     docker_socket: str = "/var/run/docker.sock"
     agent_socket_root: str = "/run/rlsandbox/sockets"
     session_journal: str = "/var/lib/rlsandbox/sessions.sqlite3"

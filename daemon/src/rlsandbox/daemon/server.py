@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import nats.errors
+import nats.js.errors
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
@@ -26,6 +28,7 @@ from rlsandbox.daemon.api.auth import BearerTokenInterceptor, is_loopback, load_
 from rlsandbox.daemon.api.edge import EdgeInterceptor
 from rlsandbox.daemon.api.servicer import SandboxServicer
 from rlsandbox.daemon.background import Background
+from rlsandbox.daemon.cluster import Membership
 from rlsandbox.daemon.config import DaemonConfig, PoolConfig
 from rlsandbox.daemon.errors import SandboxError, Unavailable
 from rlsandbox.daemon.events.model import HEARTBEAT
@@ -130,8 +133,18 @@ class NodeDaemon:
         self.serving = True
         self.started = time.monotonic()
         self.bundles = TaskBundles(config.nats_url, auth=config.nats_auth()) if config.nats_url else None
+        self.membership = (
+            Membership(config.nats_url, config.node_id, interval=config.heartbeat_interval or 5.0, auth=config.nats_auth())
+            if config.nats_url
+            else None
+        )
         self.servicer = SandboxServicer(
-            self.sessions, config, docker_ok=lambda: self.docker_ok, status=self.status, bundles=self.bundles
+            self.sessions,
+            config,
+            docker_ok=lambda: self.docker_ok,
+            status=self.status,
+            bundles=self.bundles,
+            cluster=self.cluster_nodes,
         )
         self.server: grpc.aio.Server | None = None
         self.unix_server: grpc.aio.Server | None = None  # only when the unix socket is open and TCP is not
@@ -235,6 +248,8 @@ class NodeDaemon:
             self.background.spawn(self._watch_health(), "health")
             if self.events is not None and self.config.heartbeat_interval > 0:
                 self.background.spawn(self._heartbeats(self.events), "heartbeat")
+            if self.membership is not None:
+                self.background.spawn(self._membership(self.membership), "membership")
             await self._set_health(True)
             undo.pop_all()  # started: from here on, stop() undoes it all
         log.info("node serving on %s (%d pools)", self.address, len(self.pools), extra={"node": self.config.node_id})
@@ -319,6 +334,42 @@ class NodeDaemon:
             events.emit_node(HEARTBEAT, self.status().heartbeat())
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
+    def cluster_record(self) -> dict[str, Any]:
+        """This node's entry in the cluster's node table (cluster.py)."""
+        status = self.status()
+        beat = status.heartbeat()
+        return {
+            "node": self.config.node_id,
+            "address": self.config.advertise_address or self.address,
+            "sessions": status.sessions,
+            "max_sessions": status.max_sessions,
+            "free": status.free,
+            "pools": beat["pools"],
+            "load1": status.load1,
+            "serving": self.serving and self.docker_ok,
+            "ts": time.time(),
+        }
+
+    async def cluster_nodes(self) -> list[dict[str, Any]]:
+        """The node table (from NATS; this node alone without it, or when NATS does not answer)."""
+        if self.membership is not None:
+            try:
+                return await self.membership.nodes()
+            except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as e:
+                log.warning("cluster: the node table cannot be read (%s); answering with this node only", e)
+        return [self.cluster_record()]
+
+    async def _membership(self, membership: Membership) -> None:
+        """This node's record in the node table every heartbeat interval (its liveness)."""
+        interval = self.config.heartbeat_interval or 5.0
+        while True:
+            started = time.monotonic()
+            try:
+                await membership.publish(self.cluster_record())
+            except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as e:
+                log.warning("cluster: could not update this node's record (%s); retrying", e)
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
     async def _set_health(self, ok: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", SERVICE_NAME):
@@ -365,6 +416,10 @@ class NodeDaemon:
         )  # fmt: skip
         self.serving = False
         self.sessions.stop_accepting()
+        if self.membership is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2.0):
+                    await self.membership.leave()  # no new placements here from now on
         await self.health.enter_graceful_shutdown()
         servers = [s for s in (self.server, self.unix_server) if s is not None]
         # In-flight calls finish within the grace, then are cancelled.
@@ -391,6 +446,8 @@ class NodeDaemon:
             await self.events.stop(drain_timeout=drain)  # the rest stays in the outbox
         if self.bundles is not None:
             await self.bundles.close()
+        if self.membership is not None:
+            await self.membership.close()
         await self.runtime.close()
         if self.journal is not None:
             await self.journal.close()

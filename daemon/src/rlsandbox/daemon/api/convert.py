@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import posixpath
+import time
 from collections.abc import Callable
+from typing import Any
 
 from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.errors import InvalidArgument
@@ -310,3 +312,27 @@ def prefetch_response(state: PrefetchState) -> pb.PrefetchResponse:
     return pb.PrefetchResponse(
         ref=state.ref, ready=state.ready, preparing=state.preparing, target=state.target, last_error=state.last_error
     )
+
+
+def cluster(records: list[dict[str, Any]], node_id: str) -> pb.Cluster:
+    """The node table's records as the API's Cluster (records of another version: their fields that fit)."""
+    now = time.time()
+    nodes: list[pb.ClusterNode] = []
+    for r in records:
+        raw = r.get("pools")
+        pools: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        nodes.append(
+            pb.ClusterNode(
+                node_id=str(r.get("node", "")),
+                address=str(r.get("address", "")),
+                sessions=max(int(r.get("sessions") or 0), 0),
+                max_sessions=max(int(r.get("max_sessions") or 0), 0),
+                free=max(int(r.get("free") or 0), 0),
+                ready={str(k): max(int((v or {}).get("ready") or 0), 0) for k, v in pools.items() if isinstance(v, dict)},
+                load1=float(r.get("load1") or 0.0),
+                serving=bool(r.get("serving")),
+                age=max(now - float(r.get("ts") or now), 0.0),
+            )
+        )
+    nodes.sort(key=lambda n: str(n.node_id))
+    return pb.Cluster(nodes=nodes, answered_by=node_id)

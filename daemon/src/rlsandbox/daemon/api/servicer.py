@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
+from typing import Any
 
 import grpc
 from rlsandbox.daemon.api import convert
@@ -36,12 +37,14 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         docker_ok: Callable[[], bool],
         status: Callable[[], NodeStatus],
         bundles: TaskBundles | None = None,
+        cluster: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None,
     ) -> None:
         self.sessions = sessions
         self.config = config
         self.docker_ok = docker_ok
         self.status = status
         self.bundles = bundles
+        self.cluster = cluster
 
     async def _resolve(self, t: pb.Task) -> None:
         """A task ref this node does not know comes from the object store (grading/bundles.py)."""
@@ -173,6 +176,10 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             paths_copied=len(snapshot.roots),
             paths_deleted=len(snapshot.deletes),
         )
+
+    async def GetCluster(self, request: pb.GetClusterRequest, context: grpc.aio.ServicerContext) -> pb.Cluster:
+        records = await self.cluster() if self.cluster is not None else []
+        return convert.cluster(records, self.sessions.node_id)
 
     async def GetNodeStatus(self, request: pb.GetNodeStatusRequest, context: grpc.aio.ServicerContext) -> pb.NodeStatus:
         return convert.node_status(self.status())

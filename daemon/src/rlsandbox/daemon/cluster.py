@@ -1,0 +1,100 @@
+"""Membership and capacity over NATS: each node keeps its record in a JetStream key-value bucket.
+
+Every ``heartbeat_interval`` a node puts ``{node, address, sessions, max_sessions, free, pools
+(ready, in use, max total), load1, serving, ts}`` under its own key of ``RLSANDBOX_NODES``, a
+bucket whose entries expire ``ttl`` seconds after their last write (three intervals): a node that
+stops updating (crashed, partitioned) drops out within seconds without anyone deciding it; a node
+that stops in order deletes its key at once. Any node answers ``GetCluster`` from the bucket, so a
+client learns the whole table from whichever node it reaches (client ``ClusterClient``) and places
+sessions itself: no central scheduler on the hot path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+import orjson
+from nats.js.api import KeyValueConfig
+from rlsandbox.daemon.events.connection import NatsAuth
+from rlsandbox.daemon.events.model import token
+
+log = logging.getLogger(__name__)
+
+BUCKET = "RLSANDBOX_NODES"
+CACHE = 1.0  # seconds a read of the table is reused
+
+
+class Membership:
+    def __init__(self, nats_url: str, node_id: str, *, interval: float, auth: NatsAuth | None = None) -> None:
+        self.nats_url = nats_url
+        self.node_id = node_id
+        self.key = token(node_id)
+        self.ttl = max(3 * interval, 2.0)
+        self._auth = auth or NatsAuth()
+        self._nc: Any = None
+        self._kv: Any = None
+        self._cache: tuple[float, list[dict[str, Any]]] = (0.0, [])
+        self.published_total = 0
+
+    async def _bucket(self) -> Any:
+        if self._nc is None or not self._nc.is_connected:
+            self._nc = await nats.connect(
+                self.nats_url, name=f"rlsandbox-membership-{self.node_id}", connect_timeout=5, **self._auth.connect_options()
+            )
+            self._kv = None
+        if self._kv is None:
+            js = self._nc.jetstream(timeout=5)
+            try:
+                self._kv = await js.key_value(BUCKET)
+            except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
+                config = KeyValueConfig(bucket=BUCKET, history=1, ttl=self.ttl, description="rlsandbox nodes and capacity")
+                self._kv = await js.create_key_value(config)
+        return self._kv
+
+    async def publish(self, record: dict[str, Any]) -> None:
+        """Put this node's record (its liveness: the entry expires ``ttl`` after the last put)."""
+        kv = await self._bucket()
+        await kv.put(self.key, orjson.dumps({**record, "node": self.node_id, "ts": time.time()}))
+        self.published_total += 1
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        """The records of the live nodes (read at most once a second)."""
+        at, cached = self._cache
+        if time.monotonic() - at < CACHE:
+            return cached
+        kv = await self._bucket()
+        try:
+            keys = await kv.keys()
+        except nats.js.errors.NoKeysError:
+            keys = []
+        records = []
+        now = time.time()
+        for key in keys:
+            with contextlib.suppress(nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                entry = await kv.get(key)
+                record = orjson.loads(entry.value or b"{}")
+                if isinstance(record, dict) and now - float(record.get("ts", 0)) <= self.ttl:
+                    records.append(record)
+        self._cache = (time.monotonic(), records)
+        return records
+
+    async def leave(self) -> None:
+        """Take this node out of the table now (an orderly stop); errors only logged."""
+        try:
+            kv = await self._bucket()
+            await kv.delete(self.key)
+        except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as e:
+            log.warning("membership: could not leave the node table (%s); the entry expires in %.0f s", e, self.ttl)
+
+    async def close(self) -> None:
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+            self._nc = None
+            self._kv = None

@@ -1,0 +1,95 @@
+"""Three nodes on one engine and one nats-server, as a cluster: each keeps its record in the NATS
+node table, any node answers GetCluster for all, a ClusterClient that knows one address places
+sessions over the three by their room, and a node that stops leaves the table at once and gets
+no more placements."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from helpers import STATE_DIR, TEST_OWNER, events_config
+from rlsandbox.client import AsyncClient, ClusterClient
+from rlsandbox.daemon.config import PoolConfig
+from rlsandbox.daemon.events.nats_server import NatsServer
+from rlsandbox.daemon.server import NodeDaemon
+from rlsandbox.v1 import sandbox_pb2 as pb
+
+pytestmark = pytest.mark.docker
+POOL = PoolConfig(name="busybox", image="rlsandbox/busybox:latest", min_ready=4, max_total=14, memory_mb=64, pids=64)
+
+
+@pytest.fixture
+async def nodes(nats_server: NatsServer, tmp_path: Path, images: dict[str, str]) -> AsyncIterator[list[NodeDaemon]]:
+    started: list[NodeDaemon] = []
+    try:
+        for i in range(3):
+            folder = tmp_path / f"n{i}"
+            folder.mkdir()
+            config = events_config(
+                folder,
+                nats_server.url,
+                node_id=f"{TEST_OWNER}-c{i}",
+                session_journal=f"{STATE_DIR}/cluster-{i}.sqlite3",
+                max_sessions=12,
+                pools=[POOL],
+            )
+            node = NodeDaemon(config)
+            await node.start()
+            started.append(node)
+        yield started
+    finally:
+        for node in started:
+            await node.stop()
+
+
+async def eventually_nodes(client: ClusterClient, n: int, timeout: float = 20.0) -> set[str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        ids = {node.node_id for node in await client.refresh()}
+        if len(ids) == n or time.monotonic() > deadline:
+            return ids
+        await asyncio.sleep(0.2)
+
+
+async def test_a_cluster_client_places_sessions_over_the_nodes_and_drops_a_stopped_one(nodes: list[NodeDaemon]) -> None:
+    ids = {n.config.node_id for n in nodes}
+    async with ClusterClient(nodes[0].address, refresh=0.5) as cluster:
+        assert await eventually_nodes(cluster, 3) == ids  # learned from one address
+        # Any node answers for all of them.
+        async with AsyncClient(nodes[2].address) as direct:
+            table = await direct._call("GetCluster", pb.GetClusterRequest())
+        assert {n.node_id for n in table.nodes} == ids and table.answered_by == nodes[2].config.node_id
+
+        sessions = [await cluster.create_session("busybox", labels={"run": "cluster"}) for _ in range(24)]
+        per_node = collections.Counter(s.id.rsplit("-", 1)[0] for s in sessions)
+        assert set(per_node) == ids and min(per_node.values()) >= 4, per_node  # spread by room
+        assert all(n <= 12 for n in per_node.values())  # never past a node's max_sessions
+        # A session's calls go to its node (its client), found again from the id alone.
+        s = sessions[5]
+        assert cluster.client_for(s.id).target == next(n.address for n in nodes if s.id.startswith(n.config.node_id))
+        assert (await s.exec(["echo", "hi"])).stdout == b"hi\n"
+        for s in sessions:
+            await s.close()
+
+        # One node stops: it leaves the table at once, and the next placements go to the others.
+        gone = nodes[2]
+        await gone.stop()
+        assert await eventually_nodes(cluster, 2, timeout=5.0) == ids - {gone.config.node_id}
+        more = [await cluster.create_session("busybox") for _ in range(10)]
+        assert {s.id.rsplit("-", 1)[0] for s in more} <= ids - {gone.config.node_id}
+        for s in more:
+            await s.close()
+
+
+async def test_a_node_without_nats_answers_the_table_with_itself(daemon: NodeDaemon) -> None:
+    async with ClusterClient(daemon.address) as cluster:
+        [node] = await cluster.refresh()
+        assert node.node_id == daemon.config.node_id and node.address == daemon.address and node.serving
+        assert node.max_sessions == daemon.config.max_sessions and "busybox" in node.ready
+        s = await cluster.create_session("busybox")
+        await s.close()
