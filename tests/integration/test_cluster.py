@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers import STATE_DIR, TEST_OWNER, events_config
-from rlsandbox.client import AsyncClient, ClusterClient
+from rlsandbox.client import AsyncClient, ClusterClient, UnavailableError
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.events.nats_server import NatsServer
 from rlsandbox.daemon.server import NodeDaemon
@@ -73,8 +73,23 @@ async def test_a_cluster_client_places_sessions_over_the_nodes_and_drops_a_stopp
         s = sessions[5]
         assert cluster.client_for(s.id).target == next(n.address for n in nodes if s.id.startswith(n.config.node_id))
         assert (await s.exec(["echo", "hi"])).stdout == b"hi\n"
-        for s in sessions:
+        for s in sessions[1:]:
             await s.close()
+
+        # Draining a node: no new sessions there (directly or placed), its open ones go on.
+        kept = sessions[0]
+        drained = next(n for n in nodes if kept.id.startswith(n.config.node_id))
+        async with AsyncClient(drained.address) as direct:
+            assert await direct.drain() == (True, 1)
+            with pytest.raises(UnavailableError, match="is draining"):
+                await direct.create_session("busybox")
+            await asyncio.sleep(1.5)  # its record says so at the next heartbeat
+            placed = [await cluster.create_session("busybox") for _ in range(6)]
+            assert not any(p.id.startswith(drained.config.node_id) for p in placed)
+            assert (await kept.exec(["echo", "still"])).stdout == b"still\n"
+            assert await direct.drain(undo=True) == (False, 1 + 0)
+        for p in [kept, *placed]:
+            await p.close()
 
         # One node stops: it leaves the table at once, and the next placements go to the others.
         gone = nodes[2]

@@ -222,6 +222,12 @@ class AsyncClient:
         r = await self._call("Fork", pb.ForkRequest(session_id=session_id, count=count, labels=dict(labels or {})))
         return [AsyncSession(self, SessionInfo.from_pb(s)) for s in r.sessions]
 
+    async def drain(self, *, undo: bool = False) -> tuple[bool, int]:
+        """Stop the node taking new sessions while the open ones go on (``undo``: take them
+        again); returns (draining, sessions still open)."""
+        r = await self._call("Drain", pb.DrainRequest(undo=undo))
+        return r.draining, r.sessions
+
     async def node_status(self) -> NodeStatus:
         """Pools (ready, in use, creating, failures), sessions, capacity, load, version, events."""
         return NodeStatus.from_pb(await self._call("GetNodeStatus", pb.GetNodeStatusRequest()))

@@ -36,10 +36,11 @@ class ClusterNode:
     load1: float = 0.0
     serving: bool = True
     age: float = 0.0
+    draining: bool = False
 
     @classmethod
     def from_pb(cls, m: pb.ClusterNode) -> ClusterNode:
-        return cls(m.node_id, m.address, m.sessions, m.max_sessions, m.free, dict(m.ready), m.load1, m.serving, m.age)
+        return cls(m.node_id, m.address, m.sessions, m.max_sessions, m.free, dict(m.ready), m.load1, m.serving, m.age, m.draining)
 
 
 def _ready(node: ClusterNode, pool: str) -> int:
@@ -132,7 +133,7 @@ class ClusterClient:
         return self._client(node.address)
 
     def _pick(self, pool: str, tried: set[str]) -> Optional[ClusterNode]:
-        candidates = [n for n in self.nodes.values() if n.serving and n.free > 0 and n.node_id not in tried]
+        candidates = [n for n in self.nodes.values() if n.serving and not n.draining and n.free > 0 and n.node_id not in tried]
         if not candidates:
             return None
         sample = self._rng.sample(candidates, min(self.choices, len(candidates)))

@@ -58,6 +58,7 @@ POLICIES: dict[str, CallPolicy] = {
     "Prefetch": CallPolicy(_none, _always),  # sets a target: asking twice is asking once
     "Fork": CallPolicy(lambda r: FORK_EXTRA, lambda r: False),  # a retry would fork twice
     "GetCluster": CallPolicy(_none, _always),
+    "Drain": CallPolicy(_none, _always),  # sets a state: asking twice is asking once
 }
 
 

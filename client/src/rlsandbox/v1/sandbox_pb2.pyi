@@ -31,12 +31,26 @@ EVALUATE_MODE_UNSPECIFIED: EvaluateMode
 EVALUATE_MODE_CLEAN_ROOM: EvaluateMode
 EVALUATE_MODE_IN_PLACE: EvaluateMode
 
+class DrainRequest(_message.Message):
+    __slots__ = ("undo",)
+    UNDO_FIELD_NUMBER: _ClassVar[int]
+    undo: bool
+    def __init__(self, undo: _Optional[bool] = ...) -> None: ...
+
+class DrainResponse(_message.Message):
+    __slots__ = ("draining", "sessions")
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    draining: bool
+    sessions: int
+    def __init__(self, draining: _Optional[bool] = ..., sessions: _Optional[int] = ...) -> None: ...
+
 class GetClusterRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class ClusterNode(_message.Message):
-    __slots__ = ("node_id", "address", "sessions", "max_sessions", "free", "ready", "load1", "serving", "age")
+    __slots__ = ("node_id", "address", "sessions", "max_sessions", "free", "ready", "load1", "serving", "age", "draining")
     class ReadyEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +67,7 @@ class ClusterNode(_message.Message):
     LOAD1_FIELD_NUMBER: _ClassVar[int]
     SERVING_FIELD_NUMBER: _ClassVar[int]
     AGE_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     sessions: int
@@ -62,7 +77,8 @@ class ClusterNode(_message.Message):
     load1: float
     serving: bool
     age: float
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., sessions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., free: _Optional[int] = ..., ready: _Optional[_Mapping[str, int]] = ..., load1: _Optional[float] = ..., serving: _Optional[bool] = ..., age: _Optional[float] = ...) -> None: ...
+    draining: bool
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., sessions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., free: _Optional[int] = ..., ready: _Optional[_Mapping[str, int]] = ..., load1: _Optional[float] = ..., serving: _Optional[bool] = ..., age: _Optional[float] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class Cluster(_message.Message):
     __slots__ = ("nodes", "answered_by")

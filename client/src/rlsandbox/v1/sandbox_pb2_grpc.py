@@ -104,6 +104,11 @@ class SandboxServiceStub:
                 request_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.GetClusterRequest.SerializeToString,
                 response_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.Cluster.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/rlsandbox.v1.SandboxService/Drain',
+                request_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.DrainRequest.SerializeToString,
+                response_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.DrainResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -211,6 +216,14 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """Stop taking new sessions (and forks and prefetches) while the open ones go on; the node's
+        record in the node table says so, and cluster clients place elsewhere. `undo` takes them again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -283,6 +296,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.GetCluster,
                     request_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.GetClusterRequest.FromString,
                     response_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.Cluster.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=rlsandbox_dot_v1_dot_sandbox__pb2.DrainRequest.FromString,
+                    response_serializer=rlsandbox_dot_v1_dot_sandbox__pb2.DrainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -663,6 +681,33 @@ class SandboxService:
             '/rlsandbox.v1.SandboxService/GetCluster',
             rlsandbox_dot_v1_dot_sandbox__pb2.GetClusterRequest.SerializeToString,
             rlsandbox_dot_v1_dot_sandbox__pb2.Cluster.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlsandbox.v1.SandboxService/Drain',
+            rlsandbox_dot_v1_dot_sandbox__pb2.DrainRequest.SerializeToString,
+            rlsandbox_dot_v1_dot_sandbox__pb2.DrainResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -250,6 +250,22 @@ async def _show_demo_events(aggregator: Any, timeout: float = 15.0) -> None:
         print(f"dashboard: http://127.0.0.1:{aggregator.http_port}/#run=demo (live; metrics at /metrics)")
 
 
+async def _drain(args: argparse.Namespace) -> int:
+    """Stop a node taking new sessions (``--undo``: take them again); with ``--wait``, until its
+    open sessions have ended."""
+    from rlsandbox.client import AsyncClient
+
+    async with AsyncClient(args.target, timeout=10) as client:
+        draining, open_sessions = await client.drain(undo=args.undo)
+        print(f"{args.target}: {'draining' if draining else 'taking sessions'}, {open_sessions} session(s) open", flush=True)
+        while args.wait and draining and open_sessions:
+            await asyncio.sleep(1.0)
+            open_sessions = (await client.node_status()).sessions
+        if args.wait and draining:
+            print(f"{args.target}: drained", flush=True)
+    return 0
+
+
 async def _status(args: argparse.Namespace) -> int:
     from rlsandbox.client import AsyncClient
 
@@ -331,3 +347,8 @@ def add_commands(sub: Any) -> None:
     )  # fmt: skip
     status.add_argument("--count", type=int, default=0, help="with --watch: stop after this many refreshes")
     status.set_defaults(handler=_status)
+    drain = sub.add_parser("drain", help="stop a daemon taking new sessions while its open ones go on")
+    drain.add_argument("--target", default="127.0.0.1:7420")
+    drain.add_argument("--undo", action="store_true", help="take new sessions again")
+    drain.add_argument("--wait", action="store_true", help="return once no session is open")
+    drain.set_defaults(handler=_drain)

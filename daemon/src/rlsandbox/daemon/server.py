@@ -347,6 +347,7 @@ class NodeDaemon:
             "pools": beat["pools"],
             "load1": status.load1,
             "serving": self.serving and self.docker_ok,
+            "draining": self.sessions.draining,
             "ts": time.time(),
         }
 

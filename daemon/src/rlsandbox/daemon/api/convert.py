@@ -332,6 +332,7 @@ def cluster(records: list[dict[str, Any]], node_id: str) -> pb.Cluster:
                 load1=float(r.get("load1") or 0.0),
                 serving=bool(r.get("serving")),
                 age=max(now - float(r.get("ts") or now), 0.0),
+                draining=bool(r.get("draining")),
             )
         )
     nodes.sort(key=lambda n: str(n.node_id))

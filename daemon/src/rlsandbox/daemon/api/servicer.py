@@ -181,6 +181,13 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         records = await self.cluster() if self.cluster is not None else []
         return convert.cluster(records, self.sessions.node_id)
 
+    async def Drain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext) -> pb.DrainResponse:
+        self.sessions.draining = not request.undo
+        log.warning(
+            "node %s %s", self.sessions.node_id, "draining: no new sessions" if self.sessions.draining else "takes sessions again"
+        )
+        return pb.DrainResponse(draining=self.sessions.draining, sessions=len(self.sessions.sessions))
+
     async def GetNodeStatus(self, request: pb.GetNodeStatusRequest, context: grpc.aio.ServicerContext) -> pb.NodeStatus:
         return convert.node_status(self.status())
 

@@ -101,6 +101,7 @@ class SessionManager:
         self._tombstones: collections.OrderedDict[str, Tombstone] = collections.OrderedDict()
         self._by_key: dict[str, str] = {}
         self._accepting = True
+        self.draining = False  # no new sessions, the open ones go on (Drain)
         self._stop = asyncio.Event()
         self.execs_total = 0
         self.reaped_total = 0
@@ -159,6 +160,8 @@ class SessionManager:
         place (or a sandbox prefetched for it). ``setup`` replaces that preparation (a fork's)."""
         if not self._accepting:
             raise Unavailable("node is shutting down; create the session on another node")
+        if self.draining:
+            raise Unavailable(f"node {self.node_id} is draining (no new sessions); create the session on another node")
         pool = self.pools.get(options.pool)
         if pool is None and options.image:
             pool = await self._image_pool(options.image)
@@ -442,8 +445,10 @@ class SessionManager:
         """Keep ``count`` sandboxes prepared for ``task`` (session/prefetch.py)."""
         if self.grader is None:
             raise FailedPrecondition("this node has no grader; it cannot prepare sandboxes for tasks")
-        if not self._accepting:
-            raise Unavailable("node is shutting down; prefetch on another node")
+        if not self._accepting or self.draining:
+            raise Unavailable(
+                f"node {self.node_id} is {'draining' if self._accepting else 'shutting down'}; prefetch on another node"
+            )
         if task.spec.image and task.spec.pool_name not in self.pools:
             await self._image_pool(task.spec.image)
         return self.prefetcher.prefetch(task, count, ttl)
