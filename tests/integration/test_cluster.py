@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from helpers import STATE_DIR, TEST_OWNER, events_config
-from rlsandbox.client import AsyncClient, ClusterClient, UnavailableError
+from rlsandbox.client import AsyncClient, BatchCommand, ClusterClient, UnavailableError
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.events.nats_server import NatsServer
 from rlsandbox.daemon.server import NodeDaemon
@@ -73,6 +74,9 @@ async def test_a_cluster_client_places_sessions_over_the_nodes_and_drops_a_stopp
         s = sessions[5]
         assert cluster.client_for(s.id).target == next(n.address for n in nodes if s.id.startswith(n.config.node_id))
         assert (await s.exec(["echo", "hi"])).stdout == b"hi\n"
+        # One batch over sessions of three nodes: one ExecBatch per node, results in order.
+        results = await cluster.exec_batch([BatchCommand(x.id, ["echo", x.id]) for x in sessions])
+        assert [r.stdout for r in results] == [f"{x.id}\n".encode() for x in sessions]  # type: ignore[union-attr]
         for s in sessions[1:]:
             await s.close()
 
@@ -108,3 +112,40 @@ async def test_a_node_without_nats_answers_the_table_with_itself(daemon: NodeDae
         assert node.max_sessions == daemon.config.max_sessions and "busybox" in node.ready
         s = await cluster.create_session("busybox")
         await s.close()
+
+
+BLOCKING = r"""
+import sys, time
+from concurrent.futures import ThreadPoolExecutor
+from rlsandbox.client import BlockingClusterClient
+
+def work(cluster):
+    with cluster.create_session("busybox") as s:
+        assert s.exec(["true"]).exit_code == 0
+        return s.id
+
+with BlockingClusterClient(sys.argv[1:], refresh=0.5) as cluster:
+    deadline = time.monotonic() + 20
+    while len(cluster.refresh()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    with ThreadPoolExecutor(6) as pool:
+        ids = list(pool.map(lambda _: work(cluster), range(12)))
+print(" ".join(ids))
+"""
+
+
+async def test_the_blocking_cluster_client_places_from_worker_threads(nodes: list[NodeDaemon]) -> None:
+    """Rollout workers in threads of a trainer process share one BlockingClusterClient (run in
+    its own process, as a trainer is: grpc's blocking and asyncio stacks are not mixed here)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        BLOCKING,
+        *(n.address for n in nodes),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 180)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    ids = out.decode().split()
+    assert len(set(ids)) == 12 and len({i.rsplit("-", 1)[0] for i in ids}) >= 2, ids

@@ -8,7 +8,7 @@ Depends on grpcio and protobuf only::
 """
 
 from rlsandbox.client._client import AsyncClient, AsyncSession, opentelemetry_metadata
-from rlsandbox.client._cluster import ClusterClient, ClusterNode
+from rlsandbox.client._cluster import BlockingClusterClient, ClusterClient, ClusterNode
 from rlsandbox.client._errors import (
     DeadlineExceededError,
     FailedPreconditionError,
@@ -42,6 +42,7 @@ __all__ = [
     "AsyncClient",
     "AsyncSession",
     "BatchCommand",
+    "BlockingClusterClient",
     "Client",
     "ClusterClient",
     "ClusterNode",

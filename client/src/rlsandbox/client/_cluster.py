@@ -1,17 +1,24 @@
-"""A client of many nodes: it learns the node table from any node and places sessions itself."""
+"""Clients of many nodes: they learn the node table from any node and place sessions themselves.
+
+The placement logic (:class:`Placement`) is shared by the asynchronous :class:`ClusterClient` and
+the blocking :class:`BlockingClusterClient`; neither calls anyone but the chosen node per session.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 import grpc
 from rlsandbox.client._client import AsyncClient, AsyncSession, MetadataHook
 from rlsandbox.client._errors import ResourceExhaustedError, SandboxRPCError, UnavailableError
+from rlsandbox.client._sync import Client, Session
+from rlsandbox.client._types import BatchCommand, ExecResult
 from rlsandbox.v1 import sandbox_pb2 as pb
 
 if TYPE_CHECKING:
@@ -43,8 +50,83 @@ class ClusterNode:
         return cls(m.node_id, m.address, m.sessions, m.max_sessions, m.free, dict(m.ready), m.load1, m.serving, m.age, m.draining)
 
 
+def node_of(session_id: str) -> str:
+    """The node id a session id starts with (``<node>-<16 hex>``)."""
+    return session_id.rsplit("-", 1)[0]
+
+
+class Placement:
+    """The node table and the choice of a node for each new session (power of ``choices``)."""
+
+    def __init__(self, bootstrap: Sequence[str], *, choices: int, refresh: float, rng: Optional[random.Random]) -> None:
+        if not bootstrap:
+            raise ValueError("give at least one node address")
+        self.bootstrap = list(bootstrap)
+        self.choices = max(1, choices)
+        self.refresh_interval = refresh
+        self.rng = rng or random.Random()
+        self.nodes: Dict[str, ClusterNode] = {}
+        self.refreshed = 0.0
+        self.placements: Dict[str, int] = {}
+
+    def stale(self) -> bool:
+        return not self.nodes or time.monotonic() - self.refreshed > self.refresh_interval
+
+    def addresses(self) -> List[str]:
+        """Where to ask for the table: the known nodes first, then the bootstrap addresses."""
+        return list(dict.fromkeys([*(n.address for n in self.nodes.values() if n.address), *self.bootstrap]))
+
+    def update(self, table: pb.Cluster) -> List[ClusterNode]:
+        self.nodes = {n.node_id: ClusterNode.from_pb(n) for n in table.nodes if n.address}
+        self.refreshed = time.monotonic()
+        return list(self.nodes.values())
+
+    def pick(self, pool: str, tried: set) -> Optional[ClusterNode]:
+        candidates = [n for n in self.nodes.values() if n.serving and not n.draining and n.free > 0 and n.node_id not in tried]
+        if not candidates:
+            return None
+        sample = self.rng.sample(candidates, min(self.choices, len(candidates)))
+        return max(sample, key=lambda n: _room(n, pool))
+
+    def placed(self, node: ClusterNode, pool: str) -> None:
+        node.free = max(node.free - 1, 0)
+        if pool and node.ready.get(pool):
+            node.ready[pool] -= 1
+        self.placements[node.node_id] = self.placements.get(node.node_id, 0) + 1
+
+    def address_of(self, session_id: str) -> str:
+        node = self.nodes.get(node_of(session_id))
+        if node is None:
+            raise KeyError(f"session {session_id} is on no node of the table; refresh() or check the id")
+        return node.address
+
+    def none_left(self, tried: set, last: Optional[SandboxRPCError]) -> SandboxRPCError:
+        if last is not None:
+            return last
+        why = f"no node of the cluster has room ({len(self.nodes)} known; tried {sorted(tried)})"
+        return ResourceExhaustedError(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+
+    def by_node(self, commands: Iterable[BatchCommand]) -> Dict[str, List[int]]:
+        """Positions of a batch's commands, grouped by the address of each command's node."""
+        groups: Dict[str, List[int]] = {}
+        for i, c in enumerate(commands):
+            groups.setdefault(self.address_of(c.session_id), []).append(i)
+        return groups
+
+
+def _room(node: ClusterNode, pool: str) -> float:
+    """A node's room for one more session of ``pool``, as a share of its capacity (so sessions
+    spread in proportion to the nodes' sizes): free slots plus READY_WEIGHT per ready sandbox."""
+    room = node.free + READY_WEIGHT * _ready(node, pool)
+    return room / node.max_sessions if node.max_sessions else float(room)
+
+
 def _ready(node: ClusterNode, pool: str) -> int:
     return node.ready.get(pool, 0) if pool else max(node.ready.values(), default=0)
+
+
+def _unanswered(errors: List[str]) -> UnavailableError:
+    return UnavailableError(grpc.StatusCode.UNAVAILABLE, f"no node answered GetCluster ({'; '.join(errors)})")
 
 
 class ClusterClient:
@@ -53,14 +135,15 @@ class ClusterClient:
     Args:
         addresses: one or more nodes to learn the node table from (any node answers for all).
         choices: nodes sampled per placement (power of ``choices`` choices); the one with the
-            most room wins: free session slots, plus ready sandboxes of the requested pool.
+            most room wins: free session slots plus ready sandboxes of the requested pool, as a
+            share of the node's capacity (sessions spread in proportion to the nodes' sizes).
         refresh: seconds a node table is reused; placement costs no call to anyone else.
         Other arguments as :class:`AsyncClient` (one per node, made on first use).
 
     A session stays on its node (its id starts with the node's id); ``client_for(session_id)``
     is that node's client. A CreateSession refused by a node (RESOURCE_EXHAUSTED, UNAVAILABLE)
     is placed again on another; a node that stops answering only fails the calls of its
-    sessions (with the node's name in the error).
+    sessions (with the node's address in the error).
     """
 
     def __init__(
@@ -75,18 +158,16 @@ class ClusterClient:
         metadata: Optional[MetadataHook] = None,
         rng: Optional[random.Random] = None,
     ) -> None:
-        self.bootstrap = [addresses] if isinstance(addresses, str) else list(addresses)
-        if not self.bootstrap:
-            raise ValueError("give at least one node address")
-        self.choices = max(1, choices)
-        self.refresh_interval = refresh
-        self._client_options = {"timeout": timeout, "token": token, "tls_ca": tls_ca, "metadata": metadata}
-        self._rng = rng or random.Random()
+        self.placement = Placement(
+            [addresses] if isinstance(addresses, str) else addresses, choices=choices, refresh=refresh, rng=rng
+        )
+        self._client_options: Dict[str, Any] = {"timeout": timeout, "token": token, "tls_ca": tls_ca, "metadata": metadata}
         self._clients: Dict[str, AsyncClient] = {}
-        self.nodes: Dict[str, ClusterNode] = {}
-        self._refreshed = 0.0
-        self._refreshing: Optional[asyncio.Task[List[ClusterNode]]] = None
-        self.placements: Dict[str, int] = {}
+        self._refreshing: Optional[asyncio.Future[List[ClusterNode]]] = None
+
+    @property
+    def nodes(self) -> Dict[str, ClusterNode]:
+        return self.placement.nodes
 
     async def __aenter__(self) -> ClusterClient:
         return self
@@ -102,7 +183,7 @@ class ClusterClient:
     def _client(self, address: str) -> AsyncClient:
         client = self._clients.get(address)
         if client is None:
-            client = self._clients[address] = AsyncClient(address, **self._client_options)  # type: ignore[arg-type]
+            client = self._clients[address] = AsyncClient(address, **self._client_options)
         return client
 
     async def refresh(self) -> List[ClusterNode]:
@@ -112,51 +193,29 @@ class ClusterClient:
         return await asyncio.shield(self._refreshing)
 
     async def _refresh(self) -> List[ClusterNode]:
-        known = [n.address for n in self.nodes.values() if n.address]
         errors = []
-        for address in dict.fromkeys([*known, *self.bootstrap]):
+        for address in self.placement.addresses():
             try:
-                table = await self._client(address)._call("GetCluster", pb.GetClusterRequest())
+                return self.placement.update(await self._client(address)._call("GetCluster", pb.GetClusterRequest()))
             except SandboxRPCError as e:
                 errors.append(f"{address}: {e.message}")
-                continue
-            self.nodes = {n.node_id: ClusterNode.from_pb(n) for n in table.nodes if n.address}
-            self._refreshed = time.monotonic()
-            return list(self.nodes.values())
-        raise UnavailableError(grpc.StatusCode.UNAVAILABLE, f"no node answered GetCluster ({'; '.join(errors)})")
+        raise _unanswered(errors)
 
     def client_for(self, session_id: str) -> AsyncClient:
-        """The client of the node that holds ``session_id`` (session ids start with the node id)."""
-        node = self.nodes.get(session_id.rsplit("-", 1)[0])
-        if node is None:
-            raise KeyError(f"session {session_id} is on no node of the table; refresh() or check the id")
-        return self._client(node.address)
-
-    def _pick(self, pool: str, tried: set[str]) -> Optional[ClusterNode]:
-        candidates = [n for n in self.nodes.values() if n.serving and not n.draining and n.free > 0 and n.node_id not in tried]
-        if not candidates:
-            return None
-        sample = self._rng.sample(candidates, min(self.choices, len(candidates)))
-        return max(
-            sample, key=lambda n: n.free + READY_WEIGHT * (n.ready.get(pool, 0) if pool else max(n.ready.values(), default=0))
-        )
+        """The client of the node that holds ``session_id``."""
+        return self._client(self.placement.address_of(session_id))
 
     async def create_session(self, pool: str = "", **options: Unpack[SessionOptions]) -> AsyncSession:
         """A session on the node with the most room among ``choices`` sampled (options as
         :meth:`AsyncClient.create_session`); placed again elsewhere if that node refuses."""
-        if not self.nodes or time.monotonic() - self._refreshed > self.refresh_interval:
+        if self.placement.stale():
             await self.refresh()
-        tried: set[str] = set()
+        tried: set = set()
         last: Optional[SandboxRPCError] = None
         while True:
-            node = self._pick(pool, tried)
+            node = self.placement.pick(pool, tried)
             if node is None:
-                if last is not None:
-                    raise last
-                raise ResourceExhaustedError(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"no node of the cluster has room ({len(self.nodes)} known; tried {sorted(tried)})",
-                )
+                raise self.placement.none_left(tried, last)
             tried.add(node.node_id)
             try:
                 session = await self._client(node.address).create_session(pool, **options)
@@ -164,8 +223,118 @@ class ClusterClient:
                 node.free = 0  # until the next refresh says otherwise
                 last = e
                 continue
-            node.free = max(node.free - 1, 0)
-            if pool and node.ready.get(pool):
-                node.ready[pool] -= 1
-            self.placements[node.node_id] = self.placements.get(node.node_id, 0) + 1
+            self.placement.placed(node, pool)
             return session
+
+    async def exec_batch(self, commands: Iterable[BatchCommand]) -> List[Union[ExecResult, SandboxRPCError]]:
+        """One command in each of many sessions on any nodes: one ExecBatch per node, at once;
+        results in the order of ``commands``."""
+        commands = list(commands)
+        groups = self.placement.by_node(commands)
+
+        async def one(address: str, positions: List[int]) -> List[Union[ExecResult, SandboxRPCError]]:
+            return await self._client(address).exec_batch([commands[i] for i in positions])
+
+        answers = await asyncio.gather(*(one(a, p) for a, p in groups.items()))
+        return _reassemble(len(commands), groups, answers)
+
+
+class BlockingClusterClient:
+    """The blocking twin of :class:`ClusterClient` (the same placement, :class:`Client` per node)."""
+
+    def __init__(
+        self,
+        addresses: Union[str, Sequence[str]],
+        *,
+        choices: int = 2,
+        refresh: float = REFRESH,
+        timeout: float = 60.0,
+        token: Optional[str] = None,
+        tls_ca: Optional[Union[str, bytes]] = None,
+        metadata: Optional[MetadataHook] = None,
+        rng: Optional[random.Random] = None,
+    ) -> None:
+        self.placement = Placement(
+            [addresses] if isinstance(addresses, str) else addresses, choices=choices, refresh=refresh, rng=rng
+        )
+        self._client_options: Dict[str, Any] = {"timeout": timeout, "token": token, "tls_ca": tls_ca, "metadata": metadata}
+        self._clients: Dict[str, Client] = {}
+        self._lock = threading.Lock()  # rollout workers share one client from many threads
+
+    @property
+    def nodes(self) -> Dict[str, ClusterNode]:
+        return self.placement.nodes
+
+    def __enter__(self) -> BlockingClusterClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            for client in self._clients.values():
+                client.close()
+            self._clients.clear()
+
+    def _client(self, address: str) -> Client:
+        with self._lock:
+            client = self._clients.get(address)
+            if client is None:
+                client = self._clients[address] = Client(address, **self._client_options)
+            return client
+
+    def refresh(self) -> List[ClusterNode]:
+        errors = []
+        for address in self.placement.addresses():
+            try:
+                table = self._client(address)._call("GetCluster", pb.GetClusterRequest())
+            except SandboxRPCError as e:
+                errors.append(f"{address}: {e.message}")
+                continue
+            with self._lock:
+                return self.placement.update(table)
+        raise _unanswered(errors)
+
+    def client_for(self, session_id: str) -> Client:
+        return self._client(self.placement.address_of(session_id))
+
+    def create_session(self, pool: str = "", **options: Unpack[SessionOptions]) -> Session:
+        """As :meth:`ClusterClient.create_session`."""
+        if self.placement.stale():
+            self.refresh()
+        tried: set = set()
+        last: Optional[SandboxRPCError] = None
+        while True:
+            with self._lock:
+                node = self.placement.pick(pool, tried)
+            if node is None:
+                raise self.placement.none_left(tried, last)
+            tried.add(node.node_id)
+            try:
+                session = self._client(node.address).create_session(pool, **options)
+            except (ResourceExhaustedError, UnavailableError) as e:
+                node.free = 0
+                last = e
+                continue
+            with self._lock:
+                self.placement.placed(node, pool)
+            return session
+
+    def exec_batch(self, commands: Iterable[BatchCommand]) -> List[Union[ExecResult, SandboxRPCError]]:
+        """As :meth:`ClusterClient.exec_batch` (the nodes' batches one after the other)."""
+        commands = list(commands)
+        groups = self.placement.by_node(commands)
+        answers = [self._client(a).exec_batch([commands[i] for i in p]) for a, p in groups.items()]
+        return _reassemble(len(commands), groups, answers)
+
+
+def _reassemble(n: int, groups: Dict[str, List[int]], answers: Sequence[Sequence[Any]]) -> List[Any]:
+    out: List[Any] = [None] * n
+    for g, positions in enumerate(groups.values()):  # (no zip(strict=): the client supports Python 3.9)
+        for k, i in enumerate(positions):
+            out[i] = answers[g][k]
+    return out
+
+
+__all__ = ["BlockingClusterClient", "ClusterClient", "ClusterNode", "Placement", "node_of"]
