@@ -66,6 +66,7 @@ class Placement:
         self.refresh_interval = refresh
         self.rng = rng or random.Random()
         self.nodes: Dict[str, ClusterNode] = {}
+        self._list: List[ClusterNode] = []
         self.refreshed = 0.0
         self.placements: Dict[str, int] = {}
 
@@ -78,15 +79,31 @@ class Placement:
 
     def update(self, table: pb.Cluster) -> List[ClusterNode]:
         self.nodes = {n.node_id: ClusterNode.from_pb(n) for n in table.nodes if n.address}
+        self._list = list(self.nodes.values())
         self.refreshed = time.monotonic()
-        return list(self.nodes.values())
+        return list(self._list)
 
     def pick(self, pool: str, tried: set) -> Optional[ClusterNode]:
-        candidates = [n for n in self.nodes.values() if n.serving and not n.draining and n.free > 0 and n.node_id not in tried]
-        if not candidates:
-            return None
-        sample = self.rng.sample(candidates, min(self.choices, len(candidates)))
-        return max(sample, key=lambda n: _room(n, pool))
+        """The roomiest of ``choices`` eligible nodes drawn at random: O(choices) draws when most
+        nodes can take a session (the common case), a scan of the table only when few can."""
+
+        def eligible(n: ClusterNode) -> bool:
+            return n.serving and not n.draining and n.free > 0 and n.node_id not in tried
+
+        nodes = self._list
+        sample: Dict[str, ClusterNode] = {}
+        for _ in range(4 * self.choices):
+            if len(sample) == self.choices or not nodes:
+                break
+            n = nodes[self.rng.randrange(len(nodes))]
+            if eligible(n):
+                sample[n.node_id] = n
+        if len(sample) < min(self.choices, len(nodes)):
+            candidates = [n for n in nodes if eligible(n)]
+            if not candidates:
+                return None
+            sample = {n.node_id: n for n in self.rng.sample(candidates, min(self.choices, len(candidates)))}
+        return max(sample.values(), key=lambda n: _room(n, pool)) if sample else None
 
     def placed(self, node: ClusterNode, pool: str) -> None:
         node.free = max(node.free - 1, 0)
