@@ -14,6 +14,7 @@ import pytest
 from helpers import daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, AsyncSession, FailedPreconditionError, InvalidArgumentError, NotFoundError
 from rlsandbox.daemon.config import PoolConfig
+from rlsandbox.daemon.errors import FileTooLarge
 from rlsandbox.daemon.grading.task import load_tasks
 from rlsandbox.daemon.server import NodeDaemon
 
@@ -157,3 +158,15 @@ async def test_fork_errors_are_typed_and_leave_nothing_behind(fclient: AsyncClie
         await src.exec("cd /usr/local/share && for i in $(seq 1 4100); do echo $i > x$i; done")
         with pytest.raises(FailedPreconditionError, match=r"changed 41\d\d separate places outside its workspace"):
             await src.fork(1)
+
+
+async def test_a_diff_too_long_to_read_is_refused_not_read_whole(fclient: AsyncClient, fork_daemon: NodeDaemon) -> None:
+    """How long the engine's diff is, the sandbox decides (millions of files): the daemon reads it
+    up to a bound (here shrunk to 4 KiB) and refuses the fork, instead of holding it all in memory."""
+    async with fclient.session("python") as src:
+        await src.exec("mkdir -p /opt/many && cd /opt/many && for i in $(seq 1 200); do : > f$i; done")
+        sandbox = fork_daemon.sessions.sessions[src.id].sandbox
+        assert sandbox is not None
+        with pytest.raises(FileTooLarge, match="diff is over 4096 bytes"):
+            await fork_daemon.runtime.changes(sandbox.container_id, max_bytes=4096)
+        assert len(await fork_daemon.runtime.changes(sandbox.container_id)) > 200  # the bound, not the API, refused

@@ -70,3 +70,28 @@ async def test_planted_reward_files_and_tests_gain_nothing(node: NodeDaemon, har
         result = await s.grade()
     assert result.status == "ok" and result.reward == pytest.approx(1 / 3), result.message
     assert any(".rlsandbox-harbor-tests" in t for t in result.tampering), result.tampering
+
+
+async def test_code_under_test_that_spoils_the_reward_file_scores_zero_not_a_masked_episode(
+    node: NodeDaemon, harbor_task: dict[str, object]
+) -> None:
+    """A failing policy would rather be masked than penalised: its greet.py, imported by the
+    verifier, leaves a process that keeps turning the reward file into garbage, a FIFO (a read
+    would block) or a symlink. Each of those scores 0.0 with status ok, never an invalid task."""
+    spoil = {
+        "garbage": "echo not-a-number > $f",
+        "fifo": "rm -f $f; mkfifo $f",
+        "symlink": "rm -f $f; ln -s /etc/hostname $f",
+    }
+    async with AsyncClient(node.address, timeout=120) as client:
+        for how, command in spoil.items():
+            loop = f"f=/logs/verifier/reward.txt; while :; do [ -e $f ] && {{ {command}; }}; sleep 0.01; done"
+            code = (
+                "import subprocess\n"
+                f"subprocess.Popen(['setsid', 'sh', '-c', {loop!r}], start_new_session=True)\n"
+                "def greet(name):\n    return 'Hello ' + name\n"
+            )
+            async with client.session(task=harbor_task) as s:
+                await s.write_files({"greet.py": code})
+                result = await s.grade()
+            assert result.status == "ok" and result.reward == 0.0, (how, result.status, result.message)

@@ -137,12 +137,32 @@ def instance_image(instance: Mapping[str, Any], template: str) -> str:
 
 # -- Harbor / Terminal-Bench task folders --------------------------------------------------------
 HARBOR_TESTS = ".rlsandbox-harbor-tests"  # where the clean room receives tests/ (then moved to /tests)
-_JSON_REWARD = """python3 -c 'import json; print(json.load(open("/logs/verifier/reward.json"))["reward"])'"""
-HARBOR_REWARD = (
-    "if [ -f /logs/verifier/reward.txt ]; then cat /logs/verifier/reward.txt; "
-    f"elif [ -f /logs/verifier/reward.json ]; then {_JSON_REWARD}; "
-    "else echo 'the verifier wrote no /logs/verifier/reward.txt or reward.json' >&2; exit 1; fi"
-)
+# Harbor's reward file, read after the verifier. Whatever the code under test left there (no file,
+# a symlink, a FIFO that would block a read, garbage, a huge file) scores 0.0: never an error, which
+# would make the episode an invalid task, masked instead of penalised.
+_READ_REWARD = """
+import json, math, os, stat
+def read(path, as_json):
+    try:  # no symlink followed, no FIFO waited on: what is opened is what is checked
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return 0.0
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 65536:
+            return 0.0
+        try:
+            text = f.read(65536).decode("utf-8", "replace")
+            value = float(json.loads(text)["reward"]) if as_json else float(text.strip())
+        except Exception:
+            return 0.0
+    return value if math.isfinite(value) else 0.0
+value = read("/logs/verifier/reward.txt", False)
+print(value if value is not None else (read("/logs/verifier/reward.json", True) or 0.0))
+"""
+HARBOR_REWARD = f"python3 -c {shlex.quote(_READ_REWARD)}"
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 LABEL_MANAGED = "rlsandbox.managed"
 LABEL_OWNER = "rlsandbox.owner"
+MAX_DIFF_BYTES = 16 << 20  # a container's diff read by Fork: ~150,000 paths
 LABEL_INSTANCE = "rlsandbox.instance"
 LABEL_POOL = "rlsandbox.pool"
 LABEL_SESSION = "rlsandbox.session"
@@ -206,11 +207,25 @@ class DockerRuntime:
         async with self._call("container inspect", timeout, container_id=container_id):
             return dict(await self.docker.containers.container(container_id).show())
 
-    async def changes(self, container_id: str, timeout: float | None = None) -> list[tuple[str, int]]:
+    async def changes(
+        self, container_id: str, timeout: float | None = None, max_bytes: int = MAX_DIFF_BYTES
+    ) -> list[tuple[str, int]]:
         """What differs in the container's root filesystem from its image: (path, kind) with kind
-        0 changed, 1 added, 2 deleted (the engine's diff; volumes and tmpfs mounts are not in it)."""
-        async with self._call("container changes", timeout, container_id=container_id):
-            raw = await self.docker._query_json(f"containers/{container_id}/changes")
+        0 changed, 1 added, 2 deleted (the engine's diff; volumes and tmpfs mounts are not in it).
+        A sandbox decides how long that list is: past ``max_bytes`` of JSON, FileTooLarge."""
+        chunks: list[bytes] = []
+        size = 0
+        async with (
+            self._call("container changes", timeout, container_id=container_id),
+            self.docker._query(f"containers/{container_id}/changes") as resp,
+        ):
+            async for chunk in resp.content.iter_chunked(1 << 16):
+                size += len(chunk)
+                if size > max_bytes:
+                    resp.close()
+                    raise FileTooLarge(f"the container's diff is over {max_bytes} bytes", container_id=container_id)
+                chunks.append(chunk)
+        raw = json.loads(b"".join(chunks) or b"[]")
         return [(str(c["Path"]), int(c["Kind"])) for c in raw or []]
 
     async def list_containers(self, labels: Mapping[str, str], timeout: float | None = None) -> list[ContainerInfo]:

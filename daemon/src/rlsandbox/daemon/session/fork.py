@@ -154,7 +154,13 @@ class Forker:
         volumes = sorted(m["Destination"] for m in mounts if m.get("Type") == "volume")
         others = [m["Destination"] for m in mounts if m.get("Type") != "volume"]
         tmpfs = list((info.get("HostConfig") or {}).get("Tmpfs") or {})
-        changes = await self.runtime.changes(cid, timeout=self.timeout)
+        try:
+            changes = await self.runtime.changes(cid, timeout=self.timeout)
+        except FileTooLarge:
+            raise FailedPrecondition(
+                "the session changed too many paths to fork (its diff is over 16 MiB); fork earlier, "
+                "or keep the episode's files in the workspace"
+            ) from None
         copies, deletes = plan_changes(changes, [*volumes, *others, *tmpfs], collapsible=[workdir, *SCRATCH])
         if len(copies) > MAX_COPIES:
             raise FailedPrecondition(
