@@ -13,6 +13,7 @@ from helpers import PYTHON, daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, AsyncSession
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.grading.task import tar_files
+from rlsandbox.daemon.model import ExecRequest
 from rlsandbox.daemon.server import NodeDaemon
 
 pytestmark = pytest.mark.docker
@@ -185,3 +186,33 @@ async def test_a_fork_bomb_running_at_close_is_ended_by_the_reset(node: NodeDaem
         pool = node.pools["recycled"].stats()
         assert (await _container(second) == container) == (pool.recycle_failures_total == failures)
         await second.close()
+
+
+async def test_the_daemons_own_commands_run_out_of_the_episodes_reach(node: NodeDaemon) -> None:
+    """The grader reads a recycling pool's workspaces with the sandbox's tar run as the agent's
+    user: the episode's processes (uid 1000) can neither kill nor trace it, and the API cannot ask
+    for it."""
+    async with AsyncClient(node.address, timeout=60) as client, client.session("recycled", acquire_timeout=60) as s:
+        sandbox = node.sessions.get(s.id).sandbox  # type: ignore[union-attr]
+        assert sandbox is not None
+        mine = await sandbox.exec(ExecRequest(argv=("id", "-u"), as_root=True))
+        assert mine.stdout == b"0\n"
+        assert (await sandbox.exec(ExecRequest(argv=("id", "-u")))).stdout == b"1000\n"
+        # A root command lives through the episode's kill -9 -1 and a ptrace attach.
+        sleeper = asyncio.ensure_future(sandbox.exec(ExecRequest(shell="sleep 2; echo survived", as_root=True, timeout=20)))
+        await asyncio.sleep(0.5)
+        attack = (
+            "import ctypes, os, signal\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "pids = [int(p) for p in os.listdir('/proc') if p.isdigit() and open(f'/proc/{p}/comm').read().strip() == 'sleep']\n"
+            "traced = [libc.ptrace(16, p, 0, 0) for p in pids]  # PTRACE_ATTACH\n"
+            "print(len(pids), traced, ctypes.get_errno(), flush=True)\n"
+            "os.kill(-1, signal.SIGKILL)\n"
+        )
+        tried = await s.exec(["python3", "-c", attack])
+        found, traced = tried.stdout_text.split(" ", 1)
+        assert found == "1" and traced.startswith("[-1]"), tried.stdout_text
+        assert (await sleeper).stdout == b"survived\n"
+        # A bounded read ends the command at its cap instead of waiting for it.
+        endless = await sandbox.exec(ExecRequest(argv=("yes",), stdout_cap=4096, cap_kills=True, as_root=True, timeout=30))
+        assert endless.stdout_truncated and len(endless.stdout) == 4096 and not endless.timed_out

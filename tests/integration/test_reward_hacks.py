@@ -124,6 +124,55 @@ async def test_the_task_is_real_and_graded_without_rA(hclient: AsyncClient, text
     assert not fixed.tampering and not fixed.limits
 
 
+async def test_the_workspaces_move_through_the_sandboxes_own_tar_where_no_episode_reaches_it(
+    hack_daemon: NodeDaemon, hclient: AsyncClient, textkit: Task, request: pytest.FixtureRequest
+) -> None:
+    """The engine's archive calls cost ~55 ms of dockerd's CPU each: the clean room (fresh) and a
+    recycling pool's agent workspace (the episode runs as another user) are read and written by
+    the sandbox's own tar; only a root episode's workspace still goes through the engine."""
+    runtime = hack_daemon.runtime
+    calls: list[tuple[str, str]] = []
+    real_get, real_put = runtime.get_archive, runtime.put_archive
+
+    async def get_archive(container_id: str, path: str, *args: object, **kw: object) -> bytes:
+        calls.append(("get", path))
+        return await real_get(container_id, path, *args, **kw)  # type: ignore[arg-type]
+
+    async def put_archive(container_id: str, path: str, *args: object, **kw: object) -> None:
+        calls.append(("put", path))
+        await real_put(container_id, path, *args, **kw)  # type: ignore[arg-type]
+
+    async with hclient.session(task=textkit) as s:
+        await s.write_files({"src/textkit/core.py": (await core(s)).replace('    return "-".join(words)\n', FIXED)})
+        runtime.get_archive, runtime.put_archive = get_archive, put_archive  # type: ignore[method-assign]
+        try:
+            result = await s.grade()
+        finally:
+            runtime.get_archive, runtime.put_archive = real_get, real_put  # type: ignore[method-assign]
+    assert result.status == "ok" and result.reward == 1.0, (result.message, result.tampering)
+    on_workspace = [c for c in calls if c[1].startswith("/workspace")]
+    recycled = "recycled" in request.node.callspec.id
+    assert on_workspace == ([] if recycled else [("get", "/workspace")]), calls
+
+
+async def test_a_workspace_the_episode_keeps_changing_is_read_whole(hclient: AsyncClient, textkit: Task) -> None:
+    """What the policy does to its workspace while it is read changes nothing of the grade: a
+    process rewriting a file all along, an unreadable file, a named pipe; a sparse file of 8 GiB
+    is over the limit at once (the read stops at its cap), reward 0, never a hang or no reward."""
+    async with hclient.session(task=textkit) as s:
+        await s.write_files({"src/textkit/core.py": (await core(s)).replace('    return "-".join(words)\n', FIXED)})
+        busy = "nohup sh -c 'while :; do date +%N > churn.txt; done' >/dev/null 2>&1 &"
+        setup = f"{busy} echo secret > locked.txt && chmod 000 locked.txt && mkfifo pipe"
+        assert (await s.exec(setup)).exit_code == 0
+        result = await s.grade()
+        assert result.status == "ok" and result.reward == 1.0, (result.message, result.tampering)
+        assert any("fifo" in t for t in result.tampering), result.tampering
+        assert (await s.exec("truncate -s 8G sparse.bin")).exit_code == 0
+        huge = await s.grade()
+    assert huge.status == "ok" and huge.reward == 0.0, huge.message
+    assert "over the grading limit" in huge.message
+
+
 @pytest.mark.parametrize(
     "files",
     [

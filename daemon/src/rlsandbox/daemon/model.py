@@ -89,6 +89,9 @@ class ExecRequest:
     timeout: float = 60.0
     stdout_cap: int = 1 * MiB
     stderr_cap: int = 1 * MiB
+    # The daemon's own commands, never an episode's (the API has no such field):
+    as_root: bool = False  # as the agent's user, where the episode's commands run as another
+    cap_kills: bool = False  # killed once its output passes a cap (a bounded read)
 
 
 @dataclass(frozen=True, slots=True)

@@ -298,7 +298,7 @@ async def bench(seconds: float, workers: int, phases: list[str]) -> dict[str, An
     results: dict[str, Any] = {"seconds": seconds, "workers": workers}
     if "engine" in phases:
         results["engine"] = await engine_cycles(seconds, workers)
-    recycled = RECYCLED.format(image=IMAGE, ready=workers) if any(p.endswith("recycled") for p in phases) else ""
+    recycled = RECYCLED.format(image=IMAGE, ready=workers) if any(p.endswith(("recycled", "prefetched")) for p in phases) else ""
     burst = BURST.format(n=BURST_SESSIONS, total=BURST_SESSIONS + 50) if "burst" in phases else ""
     node = f"episodebench-{os.getpid()}"
     config = CONFIG.format(node=node, image=IMAGE, ready=workers, recycled=recycled, burst=burst)

@@ -85,6 +85,10 @@ def exec_request(req: ExecRequest, *, stream: bool) -> tuple[dict[str, Any], byt
         meta["cwd"] = req.cwd
     if req.env:
         meta["env"] = dict(req.env)
+    if req.as_root:
+        meta["root"] = True
+    if req.cap_kills:
+        meta["cap_kills"] = True
     return meta, req.stdin
 
 

@@ -147,26 +147,32 @@ def _dumps(obj):
 class _Capture(object):
     """Keeps the first ``cap`` bytes of a stream and counts all of them."""
 
-    __slots__ = ("cap", "data", "total")
+    __slots__ = ("cap", "data", "kept", "keep", "total")
 
-    def __init__(self, cap):
+    def __init__(self, cap, keep=True):
         self.cap = cap
         self.data = bytearray()
+        self.kept = 0
+        # Streamed output goes to the daemon as it comes: holding it here too would spend the
+        # sandbox's own memory on up to ``cap`` bytes nobody reads.
+        self.keep = keep
         self.total = 0
 
     def add(self, chunk):
         """Record ``chunk``; return the part of it that is within the cap."""
         self.total += len(chunk)
-        room = self.cap - len(self.data)
+        room = self.cap - self.kept
         if room <= 0:
             return b""
         kept = chunk[:room]
-        self.data += kept
+        self.kept += len(kept)
+        if self.keep:
+            self.data += kept
         return kept
 
     @property
     def truncated(self):
-        return self.total > len(self.data)
+        return self.total > self.kept
 
 
 class _Command(object):
@@ -176,8 +182,10 @@ class _Command(object):
         self.agent = agent
         self.rid = rid
         self.stream = bool(req.get("stream"))
-        self.out = _Capture(int(req.get("stdout_cap", 1 << 20)))
-        self.err = _Capture(int(req.get("stderr_cap", 1 << 20)))
+        self.out = _Capture(int(req.get("stdout_cap", 1 << 20)), keep=not self.stream)
+        self.err = _Capture(int(req.get("stderr_cap", 1 << 20)), keep=not self.stream)
+        # The daemon's own bounded reads: a command past its output cap is of no more use.
+        self.cap_kills = bool(req.get("cap_kills"))
         timeout = req.get("timeout")
         self.started = time.monotonic()
         self.deadline = self.started + float(timeout) if timeout else None
@@ -187,9 +195,16 @@ class _Command(object):
         self.epoch = agent.epoch  # the daemon connection that asked; answers go to no other
 
     def on_output(self, which, chunk):
-        kept = (self.out if which == 1 else self.err).add(chunk)
+        capture = self.out if which == 1 else self.err
+        kept = capture.add(chunk)
         if self.stream and kept and self.epoch == self.agent.epoch:
             self.agent.send(K_STDOUT if which == 1 else K_STDERR, self.rid, b"{}", kept)
+        if self.cap_kills and capture.truncated:
+            self.cap_kills = False
+            self.kill()
+
+    def kill(self):
+        pass
 
     def finish(self, exit_code, sig, extra=None):
         if self.done:
@@ -251,7 +266,7 @@ def _demote():
 _SIGDEF = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ", "SIGXFZ") if hasattr(signal, n))
 
 
-def _spawn(argv, env, cwd, with_stdin):
+def _spawn(argv, env, cwd, with_stdin, root=False):
     """Start a command in a session of its own with pipes for its output (and input).
 
     ``os.posix_spawn`` (glibc and musl spawn with a vfork-style clone) costs the agent about half
@@ -260,7 +275,7 @@ def _spawn(argv, env, cwd, with_stdin):
     the agent ignores (SIGPIPE) are default again in the child, no other descriptor leaks into it
     (Python opens every one close-on-exec), OSError when the program or ``cwd`` is missing.
     """
-    if not hasattr(os, "posix_spawn") or _OWNER:  # posix_spawn cannot change the user
+    if not hasattr(os, "posix_spawn") or (_OWNER and not root):  # posix_spawn cannot change the user
         return _popen(argv, env, cwd, with_stdin)
     if not _DEVNULL:
         _DEVNULL.append(os.open(os.devnull, os.O_RDWR | getattr(os, "O_CLOEXEC", 0)))
@@ -299,7 +314,7 @@ def _spawn(argv, env, cwd, with_stdin):
         except NotImplementedError:  # no POSIX_SPAWN_SETSID in this libc
             for fd in fds:
                 os.close(fd)
-            return _popen(argv, env, cwd, with_stdin)
+            return _popen(argv, env, cwd, with_stdin, root)
         finally:
             if home is not None:
                 os.chdir(home)
@@ -329,7 +344,17 @@ def _which(program, path):
     raise OSError(errno.ENOENT, "No such file or directory", program)
 
 
-def _popen(argv, env, cwd, with_stdin):
+def _popen(argv, env, cwd, with_stdin, root=False):
+    demote = {}
+    if _OWNER and not root:
+        if sys.version_info >= (3, 9):
+            # The user change in C, in the child: no Python runs there (a preexec_fn costs the
+            # child the interpreter's after-fork work and its copy-on-write faults: a third of
+            # a recycling pool's per-command CPU).
+            uid, gid = _OWNER[0]
+            demote = {"user": uid, "group": gid, "extra_groups": []}
+        else:
+            demote = {"preexec_fn": _demote}
     return subprocess.Popen(
         argv,
         stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
@@ -339,7 +364,7 @@ def _popen(argv, env, cwd, with_stdin):
         env=env,
         start_new_session=True,
         close_fds=True,
-        preexec_fn=_demote if _OWNER else None,
+        **demote,
     )
 
 
@@ -355,7 +380,9 @@ class _ProcessCommand(_Command):
         if req.get("env"):
             env = dict(os.environ)
             env.update(req["env"])
-        self.proc = _spawn(argv, env, req.get("cwd") or None, bool(stdin))
+        # "root": the daemon's own command, as the agent's user even where the episode's commands
+        # run as another (their processes can neither signal nor trace it); never an episode's.
+        self.proc = _spawn(argv, env, req.get("cwd") or None, bool(stdin), bool(req.get("root")))
         self.pid = self.proc.pid
         self.exit_status = None
         self.exited_at = None
@@ -1183,7 +1210,10 @@ def _remove_ipc():
     """Remove every SysV shared memory segment, semaphore set and message queue; what is left.
 
     Removed by a child running as the episode's user: they are that user's, and root without
-    CAP_SYS_ADMIN may not remove another user's objects."""
+    CAP_SYS_ADMIN may not remove another user's objects. Most episodes leave none: no child then
+    (every process of the user is gone before a reset gets here, so none can appear meanwhile)."""
+    if not any(_ipc_ids(table) for table in ("shm", "sem", "msg")):
+        return []
     pid = os.fork()
     if pid == 0:
         try:

@@ -146,7 +146,7 @@ class Grader:
         ws = task.spec.workspace.path
         try:
             with tracing.span("grade.agent_archive", **{"rlsandbox.container": agent.container_id}):
-                agent_archive = await self.runtime.get_archive(agent.container_id, ws, self.max_workspace_bytes)
+                agent_archive = await self.workspaces.read(agent, ws, self.max_workspace_bytes, fresh=False)
         except FileTooLarge:
             return _agents_mess(f"the workspace {ws} is over the grading limit of {self.max_workspace_bytes >> 20} MiB")
         prepared = rooms() if rooms is not None else None
@@ -159,7 +159,7 @@ class Grader:
             try:
                 with tracing.span("grade.base_archive"):
                     facts, base_archive = await asyncio.gather(
-                        self._probe(room, task), self.runtime.get_archive(room.container_id, ws, MAX_SNAPSHOT_BYTES)
+                        self._probe(room, task), self.workspaces.read(room, ws, MAX_SNAPSHOT_BYTES, fresh=True)
                     )
             except FileTooLarge:
                 raise TaskSetupFailed(
@@ -180,8 +180,8 @@ class Grader:
                 for i in range(0, len(changes.deletes), 500):
                     chunk = tuple(posixpath.join(ws, p) for p in changes.deletes[i : i + 500])
                     await self._infra(room, ExecRequest(argv=("rm", "-rf", "--", *chunk), timeout=STEP_TIMEOUT), "delete files")
-                if planned.tar:
-                    await self.workspaces.put(room, ws, planned.tar)
+                if planned.tar:  # nothing of the agent's has run in the room: its own tar extracts
+                    await self.workspaces.put(room, ws, planned.tar, fresh=True)
             changed = [posixpath.join(ws, p) for p, e in changes.writes.items() if e.type == "file" and p not in patch_targets]
             result = await self._evaluate(room, task, facts=facts, changed=changed, detected=planned.findings)
             result.tampering = changes.discarded + result.tampering
@@ -248,7 +248,7 @@ class Grader:
 
     async def _archive(self, sandbox: Sandbox, path: str) -> bytes:
         try:
-            return await self.runtime.get_archive(sandbox.container_id, path, self.max_workspace_bytes)
+            return await self.workspaces.read(sandbox, path, self.max_workspace_bytes, fresh=False)
         except FileTooLarge as e:
             raise FailedPrecondition(f"the workspace {path} is too large to grade: {e.message}") from None
 
