@@ -32,6 +32,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rlsandbox.client import AsyncClient
 from rlsandbox.daemon.grading.task import Task, load_tasks, tar_directory
 from rlsandbox.daemon.model import ContainerSpec, Limits, MiB
@@ -252,6 +254,23 @@ async def handouts(client: AsyncClient, samples: int) -> dict[str, Any]:
 BURST_SESSIONS = 1000
 
 
+async def burst_of_health_checks(address: str, n: int) -> dict[str, Any]:
+    """The floor under any burst: ``n`` gRPC health checks at once (no work behind them but the
+    daemon's gRPC server and its interceptors), on a channel like the client's."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        await stub.Check(health_pb2.HealthCheckRequest())
+
+        async def one() -> float:
+            t0 = time.perf_counter()
+            await stub.Check(health_pb2.HealthCheckRequest(), timeout=60)
+            return time.perf_counter() - t0
+
+        started = time.perf_counter()
+        took = await asyncio.gather(*(one() for _ in range(n)))
+        return {"calls": n, "wall_s": time.perf_counter() - started, "check": summary_ms(list(took))}
+
+
 async def burst_of_creates(client: AsyncClient, n: int) -> dict[str, Any]:
     """``n`` CreateSession calls at once from a pool holding ``n`` ready sandboxes."""
 
@@ -314,6 +333,7 @@ async def bench(seconds: float, workers: int, phases: list[str]) -> dict[str, An
         if "burst" in phases:
             await wait_ready(client, "burst", BURST_SESSIONS, 900)
             await wait_quiet(client, timeout=900)
+            results["burst_health"] = await burst_of_health_checks(daemon.address, BURST_SESSIONS)
             results["burst"] = await burst_of_creates(client, BURST_SESSIONS)
         for phase, pool in (("graded", "python"), ("graded-recycled", "recycled"), ("graded-prefetched", "recycled")):
             if phase in phases:
@@ -364,6 +384,14 @@ def render(r: dict[str, Any]) -> str:
             f"- {b['sessions']} CreateSession at once from a warm pool: p50 {c['p50']:.0f} ms, p99 {c['p99']:.0f} ms, "
             f"max {c['max']:.0f} ms, all done in {b['wall_s']:.1f} s; {errors}"
         )
+        h = r.get("burst_health")
+        if h:
+            k = h["check"]
+            lines.append(
+                f"- the floor, {h['calls']} gRPC health checks at once in the same run: p50 {k['p50']:.0f} ms, "
+                f"p99 {k['p99']:.0f} ms, all done in {h['wall_s']:.1f} s (CreateSession p99 / health p99: "
+                f"{c['p99'] / k['p99']:.2f})"
+            )
     if "handout" in r:
         h = r["handout"]
         lines += [
