@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import nats
+import nats.errors
 import pytest
 from helpers import STATE_DIR, TEST_OWNER, events_config
 from rlsandbox.client import AsyncClient, BatchCommand, ClusterClient, UnavailableError
+from rlsandbox.daemon import __version__
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.events.nats_server import NatsServer
 from rlsandbox.daemon.server import NodeDaemon
@@ -103,6 +108,51 @@ async def test_a_cluster_client_places_sessions_over_the_nodes_and_drops_a_stopp
         assert {s.id.rsplit("-", 1)[0] for s in more} <= ids - {gone.config.node_id}
         for s in more:
             await s.close()
+
+
+async def ping_all(nc: Any, subject: str, wait: float = 1.0) -> list[dict[str, Any]]:
+    """Every answer to one request (the NATS micro discovery pattern: all instances reply)."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish(subject, b"", reply=inbox)
+    answers = []
+    deadline = time.monotonic() + wait
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            msg = await sub.next_msg(timeout=left)
+        except nats.errors.TimeoutError:
+            break
+        answers.append(json.loads(msg.data))
+    await sub.unsubscribe()
+    return answers
+
+
+async def test_nats_tooling_sees_every_node_as_a_micro_service(nodes: list[NodeDaemon], nats_server: NatsServer) -> None:
+    """$SRV.PING/INFO/STATS (what `nats micro ls` asks) list the three nodes with their ids and
+    addresses; each node's status endpoint answers its record; a stopped node is gone at once."""
+    ids = {n.config.node_id for n in nodes}
+    nc = await nats.connect(nats_server.url)
+    try:
+        pings: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 20
+        while len(pings) < 3 and time.monotonic() < deadline:  # each registers at its first heartbeat
+            pings = await ping_all(nc, "$SRV.PING.rlsandbox")
+        assert {p["metadata"]["node"] for p in pings} == ids and all(p["name"] == "rlsandbox" for p in pings)
+        infos = await ping_all(nc, "$SRV.INFO.rlsandbox")
+        by_node = {i["metadata"]["node"]: i for i in infos}
+        for node in nodes:
+            info = by_node[node.config.node_id]
+            assert info["metadata"]["address"] == node.address and info["version"] == __version__
+            [endpoint] = info["endpoints"]
+            status = json.loads((await nc.request(endpoint["subject"], b"", timeout=5)).data)
+            assert status["node"] == node.config.node_id and status["max_sessions"] == 12
+        stats = await ping_all(nc, "$SRV.STATS.rlsandbox")
+        assert len(stats) == 3 and all(st["endpoints"][0]["num_requests"] >= 1 for st in stats)
+        await nodes[1].stop()
+        left = await ping_all(nc, "$SRV.PING.rlsandbox")
+        assert {p["metadata"]["node"] for p in left} == ids - {nodes[1].config.node_id}
+    finally:
+        await nc.close()
 
 
 async def test_a_node_without_nats_answers_the_table_with_itself(daemon: NodeDaemon) -> None:

@@ -7,6 +7,11 @@ stops updating (crashed, partitioned) drops out within seconds without anyone de
 that stops in order deletes its key at once. Any node answers ``GetCluster`` from the bucket, so a
 client learns the whole table from whichever node it reaches (client ``ClusterClient``) and places
 sessions itself: no central scheduler on the hot path.
+
+Each node also registers as a NATS micro service (``rlsandbox``, one instance per node), so
+standard NATS tooling sees the nodes: ``$SRV.PING.rlsandbox`` (``nats micro ls``) lists them,
+``$SRV.INFO``/``$SRV.STATS`` describe them (metadata: node id and address), and the endpoint
+``rlsandbox.node.<node>.status`` answers the node's current record.
 """
 
 from __future__ import annotations
@@ -19,14 +24,18 @@ from typing import Any
 import nats
 import nats.errors
 import nats.js.errors
+import nats.micro
 import orjson
 from nats.js.api import KeyValueConfig
+from nats.micro.request import Request
+from rlsandbox.daemon import __version__
 from rlsandbox.daemon.events.connection import NatsAuth
 from rlsandbox.daemon.events.model import token
 
 log = logging.getLogger(__name__)
 
 BUCKET = "RLSANDBOX_NODES"
+SERVICE = "rlsandbox"  # the NATS micro service every node registers as
 CACHE = 1.0  # seconds a read of the table is reused
 
 
@@ -40,7 +49,14 @@ class Membership:
         self._nc: Any = None
         self._kv: Any = None
         self._cache: tuple[float, list[dict[str, Any]]] = (0.0, [])
+        self._service: Any = None  # the micro service, on the current connection
+        self._record: dict[str, Any] = {}
+        self._left = False  # an orderly stop took this node out: no record, no service any more
         self.published_total = 0
+
+    @property
+    def status_subject(self) -> str:
+        return f"{SERVICE}.node.{self.key}.status"
 
     async def _bucket(self) -> Any:
         if self._nc is None or not self._nc.is_connected:
@@ -48,6 +64,7 @@ class Membership:
                 self.nats_url, name=f"rlsandbox-membership-{self.node_id}", connect_timeout=5, **self._auth.connect_options()
             )
             self._kv = None
+            self._service = None
         if self._kv is None:
             js = self._nc.jetstream(timeout=5)
             try:
@@ -59,9 +76,31 @@ class Membership:
 
     async def publish(self, record: dict[str, Any]) -> None:
         """Put this node's record (its liveness: the entry expires ``ttl`` after the last put)."""
+        if self._left:
+            return
         kv = await self._bucket()
-        await kv.put(self.key, orjson.dumps({**record, "node": self.node_id, "ts": time.time()}))
+        self._record = {**record, "node": self.node_id, "ts": time.time()}
+        await kv.put(self.key, orjson.dumps(self._record))
         self.published_total += 1
+        if self._service is None:
+            await self._register(record.get("address", ""))
+
+    async def _register(self, address: str) -> None:
+        """This node as an instance of the ``rlsandbox`` micro service on the current connection
+        (the client restores its subscriptions across reconnects; a new connection registers again)."""
+
+        async def status(request: Request) -> None:
+            await request.respond(orjson.dumps(self._record))
+
+        service = await nats.micro.add_service(
+            self._nc,
+            name=SERVICE,
+            version=__version__,
+            description="rlsandbox node daemon: sandboxes for agent RL",
+            metadata={"node": self.node_id, "address": str(address)},
+        )
+        await service.add_endpoint(name="status", subject=self.status_subject, handler=status)
+        self._service = service
 
     async def nodes(self) -> list[dict[str, Any]]:
         """The records of the live nodes (read at most once a second)."""
@@ -86,7 +125,11 @@ class Membership:
 
     async def leave(self) -> None:
         """Take this node out of the table now (an orderly stop); errors only logged."""
+        self._left = True
         try:
+            if self._service is not None:
+                service, self._service = self._service, None
+                await service.stop()
             kv = await self._bucket()
             await kv.delete(self.key)
         except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as e:
