@@ -8,6 +8,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from helpers import daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, Client, TransportSecurityError, UnauthenticatedError, UnavailableError
 from rlsandbox.daemon.config import PoolConfig
@@ -65,6 +67,22 @@ async def test_missing_or_wrong_token_is_unauthenticated(secure_daemon: NodeDaem
         with pytest.raises(UnauthenticatedError):
             async for _ in client.exec_stream("nope", "true"):
                 pass
+
+
+async def test_the_health_service_answers_probes_without_a_token(secure_daemon: NodeDaemon, pki: Path) -> None:
+    """Kubelet's gRPC probe and load balancers send no metadata: health is open, nothing else is
+    (reflection included)."""
+    creds = grpc.ssl_channel_credentials((pki / "cert.pem").read_bytes())
+    async with grpc.aio.secure_channel(secure_daemon.address, creds) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "rlsandbox.v1.SandboxService"):
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as denied:
+            async for _ in reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])):
+                pass
+        assert denied.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 async def test_plaintext_to_the_tls_listener_fails(secure_daemon: NodeDaemon) -> None:

@@ -4,6 +4,7 @@ exit, the unix-socket listener, and nothing left behind either way."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import signal
 import socket
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 from helpers import TEST_OWNER, daemon_config
 from rlsandbox.client import AsyncClient, UnavailableError
+from rlsandbox.daemon.agent import AGENT_PATH
+from rlsandbox.daemon.errors import FailedPrecondition
 from rlsandbox.daemon.runtime.docker import LABEL_OWNER, DockerRuntime
 from rlsandbox.daemon.server import NodeDaemon
 
@@ -109,3 +112,28 @@ async def test_unix_socket_listener_in_process(tmp_path: Path, images: object) -
     finally:
         await daemon.stop()
     assert not sock_path.exists()
+
+
+async def test_the_agent_is_bound_from_agent_host_dir(tmp_path: Path, images: object) -> None:
+    """A daemon in a container (a Kubernetes DaemonSet) binds its agent from a folder the engine
+    sees too: a digest-named copy, unchanged by a restart, serving real sandboxes."""
+    folder = tmp_path / "agent"
+    config = daemon_config(node_id=f"{TEST_OWNER}-agentdir", agent_host_dir=str(folder))
+    for _ in range(2):  # the second start finds its copy there
+        daemon = NodeDaemon(config)
+        await daemon.start()
+        try:
+            async with AsyncClient(daemon.address) as client, client.session("python") as s:
+                assert (await s.exec("cat /.rlsandbox/agent.py | sha256sum")).stdout_text.split()[0] == hashlib.sha256(
+                    AGENT_PATH.read_bytes()
+                ).hexdigest()
+                info = await daemon.runtime.inspect(daemon.sessions.get(s.id).sandbox.container_id)  # type: ignore[union-attr]
+                [source] = [m["Source"] for m in info["Mounts"] if m["Destination"] == "/.rlsandbox/agent.py"]
+                assert Path(source).parent == folder and source.startswith(str(folder) + "/sandbox_agent-")
+        finally:
+            await daemon.stop()
+    assert [p.name for p in folder.iterdir()] == [Path(source).name]
+    broken = daemon_config(node_id=f"{TEST_OWNER}-agentdir2", agent_host_dir="/proc/no/such/place")
+    daemon = NodeDaemon(broken)
+    with pytest.raises(FailedPrecondition, match="agent_host_dir"):
+        await daemon.start()

@@ -4,6 +4,7 @@ parser: calls by method and code, exec latency by pool, session creation, pool g
 from __future__ import annotations
 
 import asyncio
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
 
@@ -68,3 +69,22 @@ async def test_status_watch_shows_the_node_live(node: NodeDaemon) -> None:
     frames = out.decode().strip().split("\n\n")
     assert len(frames) == 2 and all(f.startswith(f"node {node.config.node_id}") for f in frames)
     assert "/s)" in frames[1] and "busybox" in frames[1]
+
+
+async def test_healthz_answers_probes_without_a_token(node: NodeDaemon) -> None:
+    """Kubelet's HTTP probe: 200 while the node serves, 503 when it cannot make sandboxes (Docker
+    unreachable, simulated: stopping dockerd would take the other tests' engine too)."""
+
+    def get() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/healthz", timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    assert await asyncio.to_thread(get) == (200, "serving\n")
+    node.docker_ok = False
+    try:
+        assert await asyncio.to_thread(get) == (503, "not serving\n")
+    finally:
+        node.docker_ok = True

@@ -131,6 +131,10 @@ class DaemonConfig(BaseModel):
     advertise_address: str = ""
     docker_socket: str = "/var/run/docker.sock"
     agent_socket_root: str = "/run/rlsandbox/sockets"
+    # Where the daemon puts a copy of its sandbox agent for the engine to bind into sandboxes, when
+    # the engine does not see the daemon's files (the daemon in a container, e.g. a Kubernetes
+    # DaemonSet: a hostPath at the same path on both sides). Empty: bound from the installed package.
+    agent_host_dir: str = ""
     session_journal: str = "/var/lib/rlsandbox/sessions.sqlite3"
     max_sessions: int = Field(2000, ge=1)
     max_waiters_per_pool: int = Field(1024, ge=1)

@@ -27,6 +27,7 @@ LAG_INTERVAL = 0.25  # seconds between event-loop lag probes
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.status: Callable[[], Any] | None = None  # the node's NodeStatus, once add_status gave it
         r = self.registry
         self.rpc_seconds = Histogram(
             "rlsandbox_grpc_server_handling_seconds", "gRPC calls by method and status code.", ["method", "code"],
@@ -75,6 +76,7 @@ class Metrics:
 
     def add_status(self, status: Callable[[], Any], extra: Callable[[], dict[str, float]]) -> None:
         """Scrape-time figures from the node's NodeStatus and a few counters beside it."""
+        self.status = status
         self.registry.register(_StatusCollector(status, extra))
 
     async def watch_loop(self) -> None:
@@ -153,7 +155,9 @@ class _StatusCollector(Collector):
 
 async def serve(metrics: Metrics, host: str, port: int, tokens: list[bytes] | None = None) -> tuple[web.AppRunner, int]:
     """``GET /metrics`` on ``host:port`` (port 0: any free one); with ``tokens``, only for a
-    request bearing one of them. Returns the runner and the port."""
+    request bearing one of them. ``GET /healthz``, open to all (probes send no token, and it
+    tells nothing about sessions): 200 while the node serves (Docker reachable, not stopping),
+    503 otherwise; the gRPC health service says the same. Returns the runner and the port."""
     import hmac
 
     async def handle(request: web.Request) -> web.Response:
@@ -163,8 +167,14 @@ async def serve(metrics: Metrics, host: str, port: int, tokens: list[bytes] | No
                 return web.Response(status=401, text="a bearer token from auth_token_file is required\n")
         return web.Response(body=metrics.render(), content_type="text/plain", charset="utf-8")
 
+    async def healthz(request: web.Request) -> web.Response:
+        st = metrics.status() if metrics.status is not None else None
+        serving = st is not None and bool(st.serving and st.docker_reachable)
+        return web.Response(status=200 if serving else 503, text="serving\n" if serving else "not serving\n")
+
     app = web.Application()
     app.router.add_get("/metrics", handle)
+    app.router.add_get("/healthz", healthz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

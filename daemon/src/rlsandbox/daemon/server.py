@@ -24,13 +24,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from rlsandbox.daemon import __version__, tracing
+from rlsandbox.daemon.agent import stage_agent
 from rlsandbox.daemon.api.auth import BearerTokenInterceptor, is_loopback, load_tokens, server_credentials
 from rlsandbox.daemon.api.edge import EdgeInterceptor
 from rlsandbox.daemon.api.servicer import SandboxServicer
 from rlsandbox.daemon.background import Background
 from rlsandbox.daemon.cluster import Membership
 from rlsandbox.daemon.config import DaemonConfig, PoolConfig
-from rlsandbox.daemon.errors import SandboxError, Unavailable
+from rlsandbox.daemon.errors import FailedPrecondition, SandboxError, Unavailable
 from rlsandbox.daemon.events.model import HEARTBEAT
 from rlsandbox.daemon.events.publisher import EventPublisher
 from rlsandbox.daemon.grading.bundles import TaskBundles
@@ -213,6 +214,13 @@ class NodeDaemon:
             except SandboxError as e:
                 raise Unavailable(f"{e.message}; is dockerd running? (scripts/bootstrap.sh starts it)") from None
             self.docker_ok = True
+            if self.config.agent_host_dir:  # before any sandbox is made
+                try:
+                    self.factory.agent_path = await asyncio.to_thread(stage_agent, Path(self.config.agent_host_dir))
+                except OSError as e:
+                    raise FailedPrecondition(
+                        f"cannot put the sandbox agent in agent_host_dir {self.config.agent_host_dir!r}: {e}"
+                    ) from None
             if self.journal is not None:
                 await asyncio.to_thread(self.journal.open)
                 undo.push_async_callback(self.journal.close)

@@ -73,9 +73,18 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        if handler is None or self._allowed(handler_call_details.invocation_metadata):
+        if (
+            handler is None
+            or handler_call_details.method.startswith(OPEN_PREFIX)
+            or self._allowed(handler_call_details.invocation_metadata)
+        ):
             return handler
         return _denied(handler)
+
+
+# The standard health service answers without a token: probes (kubelet's gRPC probe, load
+# balancers) send no metadata, and SERVING or not tells nothing about sessions.
+OPEN_PREFIX = "/grpc.health.v1.Health/"
 
 
 _MESSAGE = "missing or wrong bearer token: send 'authorization: Bearer <token>' (client: token=...) over TLS"
