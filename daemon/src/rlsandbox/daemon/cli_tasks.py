@@ -159,7 +159,7 @@ async def _build_harbor_images(builds: list[Any]) -> None:
 async def _push(args: argparse.Namespace) -> int:
     """Store tasks in the NATS object store, content-addressed; print their refs (JSONL)."""
     import nats
-    from rlsandbox.daemon.events.connection import NatsAuth
+    from rlsandbox.daemon.events.connection import NatsAuth, servers
     from rlsandbox.daemon.grading.bundles import push
     from rlsandbox.daemon.grading.task import MAX_BUNDLE_WORKSPACE_BYTES, TaskError, load_tasks
 
@@ -168,7 +168,7 @@ async def _push(args: argparse.Namespace) -> int:
     except TaskError as e:
         raise InvalidArgument(str(e)) from None
     auth = NatsAuth(credentials=args.nats_creds, token_file=args.nats_token_file, tls_ca=args.nats_tls_ca)
-    nc = await nats.connect(args.nats, name="rlsandbox-tasks-push", connect_timeout=5, **auth.connect_options())
+    nc = await nats.connect(servers(args.nats), name="rlsandbox-tasks-push", connect_timeout=5, **auth.connect_options())
     stored = 0
     try:
         js = nc.jetstream(timeout=120)

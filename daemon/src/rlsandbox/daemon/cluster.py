@@ -29,7 +29,7 @@ import orjson
 from nats.js.api import KeyValueConfig
 from nats.micro.request import Request
 from rlsandbox.daemon import __version__
-from rlsandbox.daemon.events.connection import NatsAuth
+from rlsandbox.daemon.events.connection import NatsAuth, servers
 from rlsandbox.daemon.events.model import token
 
 log = logging.getLogger(__name__)
@@ -40,11 +40,12 @@ CACHE = 1.0  # seconds a read of the table is reused
 
 
 class Membership:
-    def __init__(self, nats_url: str, node_id: str, *, interval: float, auth: NatsAuth | None = None) -> None:
+    def __init__(self, nats_url: str, node_id: str, *, interval: float, auth: NatsAuth | None = None, replicas: int = 1) -> None:
         self.nats_url = nats_url
         self.node_id = node_id
         self.key = token(node_id)
         self.ttl = max(3 * interval, 2.0)
+        self.replicas = replicas
         self._auth = auth or NatsAuth()
         self._nc: Any = None
         self._kv: Any = None
@@ -61,7 +62,10 @@ class Membership:
     async def _bucket(self) -> Any:
         if self._nc is None or not self._nc.is_connected:
             self._nc = await nats.connect(
-                self.nats_url, name=f"rlsandbox-membership-{self.node_id}", connect_timeout=5, **self._auth.connect_options()
+                servers(self.nats_url),
+                name=f"rlsandbox-membership-{self.node_id}",
+                connect_timeout=5,
+                **self._auth.connect_options(),
             )
             self._kv = None
             self._service = None
@@ -70,7 +74,9 @@ class Membership:
             try:
                 self._kv = await js.key_value(BUCKET)
             except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
-                config = KeyValueConfig(bucket=BUCKET, history=1, ttl=self.ttl, description="rlsandbox nodes and capacity")
+                config = KeyValueConfig(
+                    bucket=BUCKET, history=1, ttl=self.ttl, replicas=self.replicas, description="rlsandbox nodes and capacity"
+                )
                 self._kv = await js.create_key_value(config)
         return self._kv
 

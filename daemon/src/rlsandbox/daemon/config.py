@@ -170,7 +170,10 @@ class DaemonConfig(BaseModel):
     auth_unix_open: bool = True
     # Events (docs/events.md): empty nats_url means no events, except under `rlsandbox up`, which
     # starts an embedded nats-server and aggregator when none is configured.
-    nats_url: str = ""
+    nats_url: str = ""  # one URL, or several comma-separated (a NATS cluster)
+    # Copies JetStream keeps of the events stream and of the node table in a NATS cluster (3 in a
+    # 3-server cluster: a server lost loses nothing); 1 for a single server.
+    nats_replicas: int = Field(1, ge=1, le=5)
     # NATS credentials (docs/events.md): a .creds file, an NKey seed file, a token file, or a user
     # with a password file; a CA for TLS. Secrets live in files, never in this configuration.
     nats_credentials: str | None = None

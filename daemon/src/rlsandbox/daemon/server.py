@@ -111,6 +111,7 @@ class NodeDaemon:
                 publish_timeout=config.events_publish_timeout,
                 step_batch=config.events_step_batch,
                 auth=config.nats_auth(),
+                replicas=config.nats_replicas,
             )
         self.journal = SessionJournal(config.session_journal, config.node_id) if config.session_journal else None
         self.sessions = SessionManager(
@@ -135,7 +136,13 @@ class NodeDaemon:
         self.started = time.monotonic()
         self.bundles = TaskBundles(config.nats_url, auth=config.nats_auth()) if config.nats_url else None
         self.membership = (
-            Membership(config.nats_url, config.node_id, interval=config.heartbeat_interval or 5.0, auth=config.nats_auth())
+            Membership(
+                config.nats_url,
+                config.node_id,
+                interval=config.heartbeat_interval or 5.0,
+                auth=config.nats_auth(),
+                replicas=config.nats_replicas,
+            )
             if config.nats_url
             else None
         )

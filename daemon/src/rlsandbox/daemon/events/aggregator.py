@@ -25,7 +25,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from rlsandbox.daemon.events.anomalies import AnomalyRules, judge, windows_to_judge
-from rlsandbox.daemon.events.connection import NatsAuth
+from rlsandbox.daemon.events.connection import NatsAuth, servers
 from rlsandbox.daemon.events.model import CONSUMER, STREAM, SUBJECT_ROOT
 from rlsandbox.daemon.events.publisher import ensure_stream
 from rlsandbox.daemon.events.store import Store
@@ -108,7 +108,7 @@ class Aggregator:
 
     async def _consume(self) -> None:
         self._nc = await nats.connect(
-            self.nats_url,
+            servers(self.nats_url),
             name="rlsandbox-aggregator",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,

@@ -16,6 +16,16 @@ from typing import Any
 from rlsandbox.daemon.errors import InvalidArgument
 
 
+def servers(url: str) -> list[str]:
+    """The servers of a NATS URL setting: one URL, or several comma-separated (a NATS cluster; the
+    client fails over between them, and learns the others from the cluster too). nats-py takes a
+    list, not a comma-separated string."""
+    found = [u.strip() for u in url.split(",") if u.strip()]
+    if not found:
+        raise InvalidArgument(f"no NATS server in {url!r}: give nats://HOST:PORT, several comma-separated for a cluster")
+    return found
+
+
 @dataclass(frozen=True, slots=True)
 class NatsAuth:
     credentials: str | None = None  # .creds file

@@ -65,6 +65,13 @@ class NatsServer:
         await self.stop()
         raise Unavailable(f"nats-server did not listen on port {self.port} within {timeout:.0f} s")
 
+    async def kill(self) -> None:
+        """SIGKILL, as a crash would (no flush, no goodbye to the cluster)."""
+        if self.process is None or self.process.returncode is not None:
+            return
+        self.process.kill()
+        await self.process.wait()
+
     async def stop(self) -> None:
         if self.process is None or self.process.returncode is not None:
             return

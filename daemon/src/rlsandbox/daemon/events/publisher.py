@@ -29,7 +29,7 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import StorageType, StreamConfig
-from rlsandbox.daemon.events.connection import NatsAuth
+from rlsandbox.daemon.events.connection import NatsAuth, servers
 from rlsandbox.daemon.events.encoding import MAX_MESSAGE_BYTES, Encoder, Record
 from rlsandbox.daemon.events.model import (
     ALERT,
@@ -60,17 +60,36 @@ class PublisherStats:
     dead_lettered_total: int = 0
 
 
-async def ensure_stream(js: Any, stream: str = STREAM) -> None:
-    """Declare the events stream (file storage, duplicate window); update it if it differs."""
+async def ensure_stream(js: Any, stream: str = STREAM, replicas: int | None = None) -> None:
+    """Declare the events stream (file storage, duplicate window, ``replicas`` copies in a NATS
+    cluster); update it where it differs. Replicas are only ever raised: daemons configured with 3
+    and an aggregator that does not say never undo each other."""
+    try:
+        info = await js.stream_info(stream)
+    except nats.js.errors.NotFoundError:
+        info = None
+    have = (info.config.num_replicas or 1) if info is not None else 1
+    wanted = max(have, replicas or 1)
     config = StreamConfig(
         name=stream,
         subjects=STREAM_SUBJECTS,
         storage=StorageType.FILE,
         duplicate_window=DUPLICATE_WINDOW,
+        num_replicas=wanted,
     )
-    try:
-        await js.add_stream(config)
-    except nats.js.errors.BadRequestError:
+    if info is None:
+        try:
+            await js.add_stream(config)
+            return
+        except nats.js.errors.BadRequestError:  # made meanwhile by another node
+            info = await js.stream_info(stream)
+    current = info.config
+    if (
+        sorted(current.subjects or []) != sorted(STREAM_SUBJECTS)
+        or current.storage != StorageType.FILE
+        or current.duplicate_window != DUPLICATE_WINDOW
+        or (current.num_replicas or 1) < wanted
+    ):
         await js.update_stream(config)
 
 
@@ -98,6 +117,7 @@ class EventPublisher:
         linger: seconds a non-full batch waits for more events before it is published.
         step_batch: step events per batch message (1: every step on its own session subject).
         auth: credentials for NATS (see :mod:`rlsandbox.daemon.events.connection`).
+        replicas: copies of the events stream in a NATS cluster (raised, never lowered).
     """
 
     def __init__(
@@ -113,8 +133,10 @@ class EventPublisher:
         linger: float = 0.02,
         step_batch: int = 256,
         auth: NatsAuth | None = None,
+        replicas: int | None = None,
     ) -> None:
         self._auth_options = (auth or NatsAuth()).connect_options()
+        self.replicas = replicas
         self.linger = linger
         self.encoder = Encoder(node_id, instance, step_batch)
         self.node_id = node_id
@@ -225,7 +247,7 @@ class EventPublisher:
             nc = NATS()
             try:
                 await nc.connect(
-                    self.nats_url,
+                    servers(self.nats_url),
                     name=f"rlsandbox-daemon {self.node_id}",
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=0.5,  # type: ignore[arg-type]  # annotated int, used as asyncio.sleep seconds
@@ -257,7 +279,7 @@ class EventPublisher:
     async def _assert_stream(self) -> None:
         while not self._stopping:
             try:
-                await ensure_stream(self._js, self.stream)
+                await ensure_stream(self._js, self.stream, self.replicas)
                 self._ready = True
                 self.last_error = ""
                 self._wake.set()

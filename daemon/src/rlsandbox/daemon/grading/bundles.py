@@ -24,7 +24,7 @@ import nats
 import nats.errors
 import nats.js.errors
 from rlsandbox.daemon.errors import FailedPrecondition, NotFound, Unavailable
-from rlsandbox.daemon.events.connection import NatsAuth
+from rlsandbox.daemon.events.connection import NatsAuth, servers
 from rlsandbox.daemon.flight import SingleFlight
 from rlsandbox.daemon.grading.task import MAX_BUNDLE_WORKSPACE_BYTES, Task, TaskError
 from rlsandbox.daemon.session.prefetch import task_ref
@@ -101,7 +101,7 @@ class TaskBundles:
             async with asyncio.timeout(self.timeout):
                 if self._nc is None or not self._nc.is_connected:
                     self._nc = await nats.connect(
-                        self.nats_url, name="rlsandbox-task-bundles", connect_timeout=5, **self._auth.connect_options()
+                        servers(self.nats_url), name="rlsandbox-task-bundles", connect_timeout=5, **self._auth.connect_options()
                     )
                 store = await _bucket(self._nc.jetstream(timeout=self.timeout), create=False)
                 result = await store.get(ref)

@@ -1,0 +1,128 @@
+"""Events and the node table on a 3-server NATS cluster with JetStream (replicas 3): the daemon and
+the aggregator know all three servers; one server is SIGKILLed while sessions run, and no event is
+lost or doubled, the node table stays readable, the stream keeps its three copies."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+import nats.errors
+import nats.js.errors
+import pytest
+from helpers import TEST_OWNER, events_config, eventually
+from rlsandbox.client import AsyncClient, AsyncSession
+from rlsandbox.daemon.cluster import BUCKET
+from rlsandbox.daemon.events.aggregator import Aggregator
+from rlsandbox.daemon.events.model import STREAM
+from rlsandbox.daemon.events.nats_server import NatsServer, free_port
+from rlsandbox.daemon.server import NodeDaemon
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture
+async def nats_cluster(tmp_path: Path) -> AsyncIterator[list[NatsServer]]:
+    routes = [free_port() for _ in range(3)]
+    servers = []
+    for i in range(3):
+        others = ",".join(f"nats://127.0.0.1:{p}" for j, p in enumerate(routes) if j != i)
+        flags = ["--server_name", f"rls-n{i}", "--cluster_name", "rlsandbox-test"]
+        flags += ["--cluster", f"nats://127.0.0.1:{routes[i]}", "--routes", others]
+        servers.append(NatsServer(tmp_path / f"js{i}", extra_args=flags))
+    try:
+        await asyncio.gather(*(s.start() for s in servers))
+        nc = await nats.connect([s.url for s in servers])
+        try:
+            # JetStream answers once the cluster has elected its meta leader.
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    await nc.jetstream(timeout=2).account_info()
+                    break
+                except (nats.errors.Error, nats.js.errors.Error):
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.5)
+        finally:
+            await nc.close()
+        yield servers
+    finally:
+        await asyncio.gather(*(s.stop() for s in servers))
+
+
+async def run_steps(s: AsyncSession, until: float, counter: list[int]) -> None:
+    while time.monotonic() < until:
+        assert (await s.exec(["echo", "x"])).exit_code == 0
+        counter[0] += 1
+
+
+async def test_a_server_killed_under_load_loses_no_event(nats_cluster: list[NatsServer], tmp_path: Path, images: object) -> None:
+    url = ",".join(s.url for s in nats_cluster)  # the daemon's nats_url names all three
+    node = NodeDaemon(events_config(tmp_path, url, node_id=f"{TEST_OWNER}-natsc", nats_replicas=3))
+    aggregator = Aggregator(url, tmp_path / "agg.sqlite3")
+    consuming = asyncio.create_task(aggregator.run())
+    await asyncio.wait_for(aggregator.started.wait(), 30)
+    await node.start()
+    counter = [0]
+    try:
+        async with AsyncClient(node.address) as client:
+            sessions = [await client.create_session("busybox", labels={"run": "nats-cluster"}) for _ in range(6)]
+            start = time.monotonic()
+            load = asyncio.gather(*(run_steps(s, start + 10, counter) for s in sessions))
+            await asyncio.sleep(3)
+            # Kill the server the daemon's publisher is connected to, mid-load.
+            assert node.events is not None and node.events._nc is not None
+            connected = node.events._nc.connected_url.port
+            victim = next(s for s in nats_cluster if s.port == connected)
+            await victim.kill()
+            killed_at = counter[0]
+            assert node.membership is not None
+            table_writes = node.membership.published_total
+            await load
+            for s in sessions:
+                await s.close()
+            ids = {s.id for s in sessions}
+
+            async def all_closed() -> bool:
+                integ = await asyncio.to_thread(aggregator.store.integrity)
+                runs = await asyncio.to_thread(aggregator.store.runs)
+                run = next((r for r in runs if r["name"] == "nats-cluster"), None)
+                return run is not None and run["open"] == 0 and run["sessions_seen"] == len(ids) and integ["missing_events"] == 0
+
+            await eventually(all_closed, timeout=90, what="every session's events, closed and without gaps")
+            status = await client.node_status()
+
+            # The node table (a KV bucket with 3 replicas) is written and read again.
+            async def table_written() -> bool:
+                return node.membership is not None and node.membership.published_total > table_writes + 1
+
+            await eventually(table_written, timeout=30, what="the node's record written after the kill")
+            table = await node.cluster_nodes()
+            assert [r["node"] for r in table] == [node.config.node_id]
+        survivors = [s.url for s in nats_cluster if s is not victim]
+        nc = await nats.connect(survivors)
+        try:
+            js = nc.jetstream(timeout=10)
+            assert (await js.stream_info(STREAM)).config.num_replicas == 3
+            assert (await js.stream_info(f"KV_{BUCKET}")).config.num_replicas == 3
+        finally:
+            await nc.close()
+        assert counter[0] > killed_at > 0, "sessions kept being served after the kill"
+        store = aggregator.store
+        steps = sum(len([e for e in store.timeline(sid) if e["type"] == "step"]) for sid in ids)
+        assert steps == counter[0]  # every step, none lost
+        for sid in ids:
+            seqs = [e["seq"] for e in store.timeline(sid)]
+            assert seqs == list(range(1, len(seqs) + 1))  # in order, no gap, no duplicate row
+        assert status.events.dropped_total == 0
+        assert store.integrity()["duplicates"] == 0
+    finally:
+        await node.stop()
+        aggregator.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(consuming, 30)
