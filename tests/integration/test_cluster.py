@@ -17,11 +17,12 @@ from typing import Any
 import nats
 import nats.errors
 import pytest
-from helpers import STATE_DIR, TEST_OWNER, events_config
+from helpers import STATE_DIR, TEST_OWNER, events_config, eventually
 from rlsandbox.client import AsyncClient, BatchCommand, ClusterClient, UnavailableError
 from rlsandbox.daemon import __version__
 from rlsandbox.daemon.config import PoolConfig
-from rlsandbox.daemon.events.nats_server import NatsServer
+from rlsandbox.daemon.events.nats_server import NatsServer, free_port
+from rlsandbox.daemon.runtime.docker import LABEL_OWNER, DockerRuntime
 from rlsandbox.daemon.server import NodeDaemon
 from rlsandbox.v1 import sandbox_pb2 as pb
 
@@ -199,3 +200,123 @@ async def test_the_blocking_cluster_client_places_from_worker_threads(nodes: lis
     assert proc.returncode == 0, err.decode()[-3000:]
     ids = out.decode().split()
     assert len(set(ids)) == 12 and len({i.rsplit("-", 1)[0] for i in ids}) >= 2, ids
+
+
+VICTIM = """
+node_id = "{node}"
+listen_tcp = "127.0.0.1:{port}"
+nats_url = "{nats}"
+heartbeat_interval = 0.5
+max_sessions = 12
+session_journal = "{state}/victim.sqlite3"
+events_outbox = "{state}/victim-outbox.sqlite3"
+shutdown_cleanup = 60.0
+[[pools]]
+name = "busybox"
+image = "rlsandbox/busybox:latest"
+min_ready = 4
+max_total = 14
+memory_mb = 64
+pids = 64
+"""
+
+
+async def test_a_node_sigkilled_under_load_ends_only_its_sessions_and_rejoins(
+    nodes: list[NodeDaemon], nats_server: NatsServer, tmp_path: Path, docker_runtime: DockerRuntime
+) -> None:
+    """A daemon process SIGKILLed while sessions on every node run commands: calls to its sessions
+    fail with an error naming the node, the others' go on, new sessions go elsewhere; restarted with
+    the same id it rejoins the table, re-adopts its sessions from its journal and gets new ones."""
+    victim_id = f"{TEST_OWNER}-ck"
+    port = free_port()
+    config = tmp_path / "victim.toml"
+    config.write_text(VICTIM.format(node=victim_id, port=port, nats=nats_server.url, state=tmp_path))
+
+    async def start_victim() -> asyncio.subprocess.Process:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "rlsandbox.daemon.cli", "daemon", "--config", str(config),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        async with AsyncClient(f"127.0.0.1:{port}", timeout=5) as probe:
+            await eventually(lambda: _answers(probe), timeout=60, what="the victim daemon answering")
+        return proc
+
+    proc = await start_victim()
+    try:
+        async with ClusterClient(nodes[0].address, refresh=0.5) as cluster:
+            assert victim_id in await eventually_nodes(cluster, 4)
+            sessions: list[Any] = []
+            while len(sessions) < 16 or sum(s.id.startswith(victim_id) for s in sessions) < 3:
+                assert len(sessions) < 40, "the victim gets no placements"
+                sessions.append(await cluster.create_session("busybox"))
+            on_victim = [s for s in sessions if s.id.startswith(victim_id)]
+            others = [s for s in sessions if not s.id.startswith(victim_id)]
+            assert on_victim and others
+            stop = asyncio.Event()
+            failures: dict[str, list[Exception]] = {s.id: [] for s in sessions}
+            served: collections.Counter[str] = collections.Counter()
+
+            async def work(s: Any) -> None:
+                while not stop.is_set():
+                    try:
+                        await s.exec(["echo", "x"])
+                        served[s.id] += 1
+                    except Exception as e:
+                        failures[s.id].append(e)
+                        await asyncio.sleep(0.2)
+
+            load = [asyncio.ensure_future(work(s)) for s in sessions]
+            await eventually(lambda: _all_served(served, sessions), timeout=30, what="every session served")
+            proc.kill()  # SIGKILL: no orderly leave, nothing flushed
+            await proc.wait()
+            before = dict(served)
+            await asyncio.sleep(3)
+            stop.set()
+            await asyncio.gather(*load)
+            # Its sessions fail, with an error naming the node; every other session kept working.
+            for s in on_victim:
+                assert failures[s.id], f"{s.id} kept working on a killed node"
+                assert isinstance(failures[s.id][-1], UnavailableError)
+                assert f"node {victim_id}" in str(failures[s.id][-1]), failures[s.id][-1]
+            for s in others:
+                assert not failures[s.id] and served[s.id] > before[s.id], (s.id, failures[s.id])
+            # The table drops it within its entries' expiry (3 heartbeats) and new sessions go elsewhere.
+            assert victim_id not in await eventually_nodes(cluster, 3, timeout=10)
+            placed = [await cluster.create_session("busybox") for _ in range(8)]
+            assert not any(p.id.startswith(victim_id) for p in placed)
+            for s in [*others, *placed]:
+                await s.close()
+            # Restarted with the same id, it rejoins, and its journal brings its sessions back
+            # (their sandboxes outlived the daemon: docs/RELIABILITY.md).
+            proc = await start_victim()
+            assert victim_id in await eventually_nodes(cluster, 4, timeout=20)
+            for s in on_victim:
+                assert (await s.exec(["echo", "re-adopted"])).stdout == b"re-adopted\n"
+                await s.close()
+            again = []
+            for _ in range(40):
+                again.append(await cluster.create_session("busybox"))
+                if again[-1].id.startswith(victim_id):
+                    break
+            assert again[-1].id.startswith(victim_id), "the restarted node got no session"
+            assert (await again[-1].exec(["echo", "back"])).stdout == b"back\n"
+            for s in again:
+                await s.close()
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            await asyncio.wait_for(proc.wait(), 90)
+        # A victim killed and never restarted (a failure above) leaves its sandboxes: remove them.
+        for c in await docker_runtime.list_containers({LABEL_OWNER: victim_id}):
+            await docker_runtime.remove(c.id)
+
+
+async def _all_served(served: collections.Counter[str], sessions: list[Any]) -> bool:
+    return all(served[s.id] for s in sessions)
+
+
+async def _answers(client: AsyncClient) -> bool:
+    try:
+        return (await client.node_status()).serving
+    except Exception:
+        return False

@@ -102,6 +102,8 @@ class AsyncClient:
         metadata: MetadataHook | None = None,
     ) -> None:
         self.target = target
+        # The node this daemon is, when known (cluster clients set it): named in every error.
+        self.node_id = ""
         self.timeout = timeout
         self._metadata = metadata
         creds = channel_credentials(token=token, tls_ca=tls_ca)
@@ -132,7 +134,7 @@ class AsyncClient:
             try:
                 return await stub(request, timeout=timeout, metadata=call_metadata(self._metadata))
             except grpc.RpcError as e:
-                error = from_rpc_error(e, self.target, self._tls)
+                error = from_rpc_error(e, self.target, self._tls, self.node_id)
                 attempt += 1
                 pause = _policy.retry_after(method, request, error, attempt)
                 if pause is None:
@@ -175,7 +177,7 @@ class AsyncClient:
                 elif which is not None:
                     yield which, getattr(event, which)
         except grpc.RpcError as e:
-            raise from_rpc_error(e, self.target, self._tls) from None
+            raise from_rpc_error(e, self.target, self._tls, self.node_id) from None
 
     async def exec_batch(self, commands: Iterable[BatchCommand]) -> list[ExecResult | SandboxRPCError]:
         """One command in each of many sessions in one call; per item an ExecResult or the error of that item."""

@@ -105,6 +105,13 @@ class Placement:
             sample = {n.node_id: n for n in self.rng.sample(candidates, min(self.choices, len(candidates)))}
         return max(sample.values(), key=lambda n: _room(n, pool)) if sample else None
 
+    def node_at(self, address: str) -> str:
+        """The id of the node at ``address`` in the table ('' for a bootstrap address not in it)."""
+        for node in self.nodes.values():
+            if node.address == address:
+                return node.node_id
+        return ""
+
     def placed(self, node: ClusterNode, pool: str) -> None:
         node.free = max(node.free - 1, 0)
         if pool and node.ready.get(pool):
@@ -201,6 +208,7 @@ class ClusterClient:
         client = self._clients.get(address)
         if client is None:
             client = self._clients[address] = AsyncClient(address, **self._client_options)
+        client.node_id = self.placement.node_at(address)  # named in its errors
         return client
 
     async def refresh(self) -> List[ClusterNode]:
@@ -299,6 +307,7 @@ class BlockingClusterClient:
             client = self._clients.get(address)
             if client is None:
                 client = self._clients[address] = Client(address, **self._client_options)
+            client.node_id = self.placement.node_at(address)  # named in its errors
             return client
 
     def refresh(self) -> List[ClusterNode]:

@@ -132,11 +132,14 @@ def transport_security(code: grpc.StatusCode, details: str, target: str = "", tl
     return None
 
 
-def from_rpc_error(error: grpc.RpcError, target: str = "", tls: bool | None = None) -> SandboxRPCError:
+def from_rpc_error(error: grpc.RpcError, target: str = "", tls: bool | None = None, node: str = "") -> SandboxRPCError:
     """The typed error of a failed call (``target`` and ``tls``: the client's, to tell TLS set-up
-    mistakes, which are not retryable, from a daemon that is down)."""
+    mistakes, which are not retryable, from a daemon that is down; ``node``: the daemon's node id
+    when known (cluster clients), named in the message: in a cluster, which node failed)."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN  # type: ignore[attr-defined]
     details = error.details() if hasattr(error, "details") else str(error)  # type: ignore[attr-defined]
+    if node:
+        details = f"node {node} ({target}): {details}"
     security = transport_security(code, details or "", target, tls)
     if security is not None:
         return TransportSecurityError(code, security)

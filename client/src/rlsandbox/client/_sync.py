@@ -58,6 +58,8 @@ class Client:
         metadata: MetadataHook | None = None,
     ) -> None:
         self.target = target
+        # The node this daemon is, when known (cluster clients set it): named in every error.
+        self.node_id = ""
         self.timeout = timeout
         self._metadata = metadata
         creds = channel_credentials(token=token, tls_ca=tls_ca)
@@ -88,7 +90,7 @@ class Client:
             try:
                 return stub(request, timeout=timeout, metadata=call_metadata(self._metadata))
             except grpc.RpcError as e:
-                error = from_rpc_error(e, self.target, self._tls)
+                error = from_rpc_error(e, self.target, self._tls, self.node_id)
                 attempt += 1
                 pause = _policy.retry_after(method, request, error, attempt)
                 if pause is None:
