@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rlsandbox.loadtest import api_bench, events_bench, foundation, grading_bench
+from rlsandbox.loadtest import adapter_bench, api_bench, events_bench, foundation, grading_bench
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -40,6 +40,14 @@ async def test_events_benchmark_runs(images: dict[str, str]) -> None:
     assert e["integrity"]["events"] == 2000 and e["integrity"]["missing_events"] == 0
     assert results["exec_overhead"]["published_by_daemon"] > 100  # the "on" daemon really published
     assert "end to end" in events_bench.render(results)
+
+
+async def test_adapter_benchmark_runs(images: dict[str, str]) -> None:
+    results = await adapter_bench.bench(steps=5, rounds=1)
+    adapters = results["adapters"]
+    assert {"raw client", "tools.run", "gymnasium", "skyrl-gym", "async raw client", "verl SandboxTool"} <= set(adapters)
+    assert adapters["verl SandboxTool"]["baseline"] == "async raw client"
+    assert "overhead p50" in adapter_bench.render(results)
 
 
 async def test_loadtest_harness_smoke_run(images: dict[str, str], tmp_path: Path) -> None:
