@@ -71,6 +71,8 @@ async def test_a_cluster_client_places_sessions_over_the_nodes_and_drops_a_stopp
         async with AsyncClient(nodes[2].address) as direct:
             table = await direct._call("GetCluster", pb.GetClusterRequest())
         assert {n.node_id for n in table.nodes} == ids and table.answered_by == nodes[2].config.node_id
+        # Answered from the table a watcher keeps from the bucket's updates, not by reading it.
+        assert nodes[2].membership is not None and nodes[2].membership.watched_total > 0
 
         sessions = [await cluster.create_session("busybox", labels={"run": "cluster"}) for _ in range(24)]
         per_node = collections.Counter(s.id.rsplit("-", 1)[0] for s in sessions)

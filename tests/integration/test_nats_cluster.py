@@ -108,7 +108,9 @@ async def test_a_server_killed_under_load_loses_no_event(nats_cluster: list[Nats
         nc = await nats.connect(survivors)
         try:
             js = nc.jetstream(timeout=10)
-            assert (await js.stream_info(STREAM)).config.num_replicas == 3
+            events_stream = (await js.stream_info(STREAM)).config
+            assert events_stream.num_replicas == 3
+            assert events_stream.max_age == 7 * 24 * 3600  # bounded: not every event ever emitted
             assert (await js.stream_info(f"KV_{BUCKET}")).config.num_replicas == 3
         finally:
             await nc.close()

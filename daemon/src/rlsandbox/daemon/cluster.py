@@ -4,7 +4,8 @@ Every ``heartbeat_interval`` a node puts ``{node, address, sessions, max_session
 (ready, in use, max total), load1, serving, ts}`` under its own key of ``RLSANDBOX_NODES``, a
 bucket whose entries expire ``ttl`` seconds after their last write (three intervals): a node that
 stops updating (crashed, partitioned) drops out within seconds without anyone deciding it; a node
-that stops in order deletes its key at once. Any node answers ``GetCluster`` from the bucket, so a
+that stops in order deletes its key at once. Any node answers ``GetCluster`` from the table a
+watcher keeps from the bucket's updates (no request to NATS per call), so a
 client learns the whole table from whichever node it reaches (client ``ClusterClient``) and places
 sessions itself: no central scheduler on the hot path.
 
@@ -16,6 +17,7 @@ standard NATS tooling sees the nodes: ``$SRV.PING.rlsandbox`` (``nats micro ls``
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -27,6 +29,7 @@ import nats.js.errors
 import nats.micro
 import orjson
 from nats.js.api import KeyValueConfig
+from nats.js.kv import KV_DEL, KV_PURGE
 from nats.micro.request import Request
 from rlsandbox.daemon import __version__
 from rlsandbox.daemon.events.connection import NatsAuth, servers
@@ -53,6 +56,11 @@ class Membership:
         self._service: Any = None  # the micro service, on the current connection
         self._record: dict[str, Any] = {}
         self._left = False  # an orderly stop took this node out: no record, no service any more
+        # The node table from a watcher on the bucket (None until its current values are in).
+        self._table: dict[str, dict[str, Any]] | None = None
+        self._table_updated = 0.0
+        self._watch_task: asyncio.Task[None] | None = None
+        self.watched_total = 0
         self.published_total = 0
 
     @property
@@ -109,7 +117,15 @@ class Membership:
         self._service = service
 
     async def nodes(self) -> list[dict[str, Any]]:
-        """The records of the live nodes (read at most once a second)."""
+        """The records of the live nodes: from the table a watcher keeps in memory (the bucket's
+        updates; no request to NATS per call), or read from the bucket (at most once a second)
+        while the watcher is starting or has seen nothing for an entry's lifetime (this node's own
+        heartbeat would have arrived: it is stuck or cut off)."""
+        if self._watch_task is None or self._watch_task.done():
+            self._watch_task = asyncio.get_running_loop().create_task(self._watch(), name="membership-watch")
+        now = time.time()
+        if self._table is not None and time.monotonic() - self._table_updated <= self.ttl:
+            return [r for r in self._table.values() if now - float(r.get("ts", 0)) <= self.ttl]
         at, cached = self._cache
         if time.monotonic() - at < CACHE:
             return cached
@@ -129,6 +145,38 @@ class Membership:
         self._cache = (time.monotonic(), records)
         return records
 
+    async def _watch(self) -> None:
+        """Keep the node table in memory from the bucket's puts and deletes; entries that expire
+        (a node that stopped updating) leave no marker, so readers drop records older than ``ttl``."""
+        while True:
+            watcher: Any = None
+            try:
+                watcher = await (await self._bucket()).watchall()
+                table: dict[str, dict[str, Any]] = {}
+                async for entry in watcher:
+                    self._table_updated = time.monotonic()
+                    if entry is None:  # the current values are in: the table is whole from now on
+                        self._table = table
+                        continue
+                    if entry.operation in (KV_DEL, KV_PURGE):
+                        table.pop(entry.key, None)
+                        continue
+                    with contextlib.suppress(orjson.JSONDecodeError):
+                        record = orjson.loads(entry.value or b"{}")
+                        if isinstance(record, dict):
+                            table[entry.key] = record
+                    self.watched_total += 1
+            except asyncio.CancelledError:
+                raise
+            except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as e:
+                log.warning("membership: the node table watcher stopped (%s); reading the bucket meanwhile", e)
+            finally:
+                self._table = None
+                if watcher is not None:
+                    with contextlib.suppress(Exception):
+                        await watcher.stop()
+            await asyncio.sleep(1.0)
+
     async def leave(self) -> None:
         """Take this node out of the table now (an orderly stop); errors only logged."""
         self._left = True
@@ -142,6 +190,11 @@ class Membership:
             log.warning("membership: could not leave the node table (%s); the entry expires in %.0f s", e, self.ttl)
 
     async def close(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._watch_task
+            self._watch_task = None
         if self._nc is not None:
             with contextlib.suppress(Exception):
                 await self._nc.close()

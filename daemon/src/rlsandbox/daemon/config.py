@@ -192,6 +192,9 @@ class DaemonConfig(BaseModel):
     events_include_output: bool = False
     events_output_cap: int = Field(4096, ge=0, le=MiB)
     events_step_batch: int = Field(256, ge=1, le=10_000)
+    # Seconds JetStream keeps an event in the stream (the aggregator stores it long before): the
+    # stream must not grow with every event ever emitted. 0 keeps them forever.
+    events_max_age: float = Field(7 * 24 * 3600.0, ge=0)
     heartbeat_interval: float = Field(5.0, ge=0)
     # Grading (docs/GRADING.md): what tampering detected in a clean room does to the reward when the
     # task does not say: "strict" (reward 0) or "report" (listed only).

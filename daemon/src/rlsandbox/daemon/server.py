@@ -112,6 +112,7 @@ class NodeDaemon:
                 step_batch=config.events_step_batch,
                 auth=config.nats_auth(),
                 replicas=config.nats_replicas,
+                max_age=config.events_max_age,
             )
         self.journal = SessionJournal(config.session_journal, config.node_id) if config.session_journal else None
         self.sessions = SessionManager(

@@ -60,22 +60,25 @@ class PublisherStats:
     dead_lettered_total: int = 0
 
 
-async def ensure_stream(js: Any, stream: str = STREAM, replicas: int | None = None) -> None:
+async def ensure_stream(js: Any, stream: str = STREAM, replicas: int | None = None, max_age: float | None = None) -> None:
     """Declare the events stream (file storage, duplicate window, ``replicas`` copies in a NATS
-    cluster); update it where it differs. Replicas are only ever raised: daemons configured with 3
-    and an aggregator that does not say never undo each other."""
+    cluster, events kept ``max_age`` seconds, 0 forever); update it where it differs. Replicas
+    are only ever raised, and what a caller does not say (None) it leaves as it is: daemons
+    configured with 3 and an aggregator that does not say never undo each other."""
     try:
         info = await js.stream_info(stream)
     except nats.js.errors.NotFoundError:
         info = None
     have = (info.config.num_replicas or 1) if info is not None else 1
     wanted = max(have, replicas or 1)
+    age = max_age if max_age is not None else (info.config.max_age or 0.0) if info is not None else 0.0
     config = StreamConfig(
         name=stream,
         subjects=STREAM_SUBJECTS,
         storage=StorageType.FILE,
         duplicate_window=DUPLICATE_WINDOW,
         num_replicas=wanted,
+        max_age=age,
     )
     if info is None:
         try:
@@ -89,6 +92,7 @@ async def ensure_stream(js: Any, stream: str = STREAM, replicas: int | None = No
         or current.storage != StorageType.FILE
         or current.duplicate_window != DUPLICATE_WINDOW
         or (current.num_replicas or 1) < wanted
+        or abs((current.max_age or 0.0) - age) > 1e-3
     ):
         await js.update_stream(config)
 
@@ -118,6 +122,7 @@ class EventPublisher:
         step_batch: step events per batch message (1: every step on its own session subject).
         auth: credentials for NATS (see :mod:`rlsandbox.daemon.events.connection`).
         replicas: copies of the events stream in a NATS cluster (raised, never lowered).
+        max_age: seconds JetStream keeps an event (0: forever); None leaves the stream's setting.
     """
 
     def __init__(
@@ -134,9 +139,11 @@ class EventPublisher:
         step_batch: int = 256,
         auth: NatsAuth | None = None,
         replicas: int | None = None,
+        max_age: float | None = None,
     ) -> None:
         self._auth_options = (auth or NatsAuth()).connect_options()
         self.replicas = replicas
+        self.max_age = max_age
         self.linger = linger
         self.encoder = Encoder(node_id, instance, step_batch)
         self.node_id = node_id
@@ -279,7 +286,7 @@ class EventPublisher:
     async def _assert_stream(self) -> None:
         while not self._stopping:
             try:
-                await ensure_stream(self._js, self.stream, self.replicas)
+                await ensure_stream(self._js, self.stream, self.replicas, self.max_age)
                 self._ready = True
                 self.last_error = ""
                 self._wake.set()
