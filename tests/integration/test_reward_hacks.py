@@ -173,6 +173,25 @@ async def test_a_workspace_the_episode_keeps_changing_is_read_whole(hclient: Asy
     assert "over the grading limit" in huge.message
 
 
+async def test_a_workspace_too_slow_to_read_scores_zero_not_no_reward(
+    hack_daemon: NodeDaemon, hclient: AsyncClient, textkit: Task, request: pytest.FixtureRequest
+) -> None:
+    """A policy that makes its workspace slow to read (tens of thousands of files) must not turn
+    a failing episode into a masked infra error: the read's deadline passed is the agent's mess."""
+    if "recycled" not in request.node.callspec.id:
+        pytest.skip("a root episode's workspace is read by the engine, under the engine's own deadline")
+    async with hclient.session(task=textkit) as s:
+        made = await s.exec("mkdir many && cd many && seq 1 30000 | xargs touch", timeout=120)
+        assert made.exit_code == 0, made.stderr_text
+        hack_daemon.grader.agent_read_timeout = 0.1  # what 60 s is to a workspace of millions of files
+        try:
+            result = await s.grade()
+        finally:
+            hack_daemon.grader.agent_read_timeout = 60.0
+    assert result.status == "ok" and result.reward == 0.0, (result.status, result.message)
+    assert "too slow to read" in result.message
+
+
 @pytest.mark.parametrize(
     "files",
     [

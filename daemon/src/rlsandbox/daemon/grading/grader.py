@@ -33,7 +33,7 @@ from rlsandbox.daemon.grading.guard import (
     split_records,
 )
 from rlsandbox.daemon.grading.patches import PatchError, apply_patch, patch_paths
-from rlsandbox.daemon.grading.prepare import STEP_TIMEOUT, Workspaces
+from rlsandbox.daemon.grading.prepare import STEP_TIMEOUT, ReadTimedOut, Workspaces
 from rlsandbox.daemon.grading.reports import OUTPUT_FORMATS, Outcome, TestReport, lookup, parse_report
 from rlsandbox.daemon.grading.rewards import (
     MISSING,
@@ -94,6 +94,7 @@ class Grader:
         self.acquire_timeout = acquire_timeout
         self.tampering_policy = tampering_policy
         self.max_workspace_bytes = MAX_SNAPSHOT_BYTES
+        self.agent_read_timeout = STEP_TIMEOUT  # past it, the agent's workspace scores 0 (its contents decide)
         self._facts: dict[tuple[object, ...], ImportFacts | None] = {}
         self.graded_total = 0
         self.infra_errors_total = 0
@@ -146,9 +147,13 @@ class Grader:
         ws = task.spec.workspace.path
         try:
             with tracing.span("grade.agent_archive", **{"rlsandbox.container": agent.container_id}):
-                agent_archive = await self.workspaces.read(agent, ws, self.max_workspace_bytes, fresh=False)
+                agent_archive = await self.workspaces.read(
+                    agent, ws, self.max_workspace_bytes, fresh=False, timeout=self.agent_read_timeout
+                )
         except FileTooLarge:
             return _agents_mess(f"the workspace {ws} is over the grading limit of {self.max_workspace_bytes >> 20} MiB")
+        except ReadTimedOut as e:
+            return _agents_mess(f"the workspace is too slow to read: {e.message}")
         prepared = rooms() if rooms is not None else None
         with tracing.span("grade.room", **{"rlsandbox.prefetched": prepared is not None}):
             room = prepared or await pool.acquire(self.acquire_timeout)

@@ -38,6 +38,11 @@ GIT_IDENTITY = (
 )  # fmt: skip
 
 
+class ReadTimedOut(FailedPrecondition):
+    """A workspace took longer than STEP_TIMEOUT to read (its contents decide how long: a policy
+    that fills its workspace with millions of files must score, not be masked as infra)."""
+
+
 class Workspaces:
     def __init__(self, runtime: DockerRuntime, pools: Mapping[str, WarmPool]) -> None:
         self.runtime = runtime
@@ -63,7 +68,7 @@ class Workspaces:
         or trace the agent's processes; docs/RELIABILITY.md)."""
         return fresh or self.owner(sandbox) is not None
 
-    async def read(self, sandbox: Sandbox, path: str, max_bytes: int, *, fresh: bool) -> bytes:
+    async def read(self, sandbox: Sandbox, path: str, max_bytes: int, *, fresh: bool, timeout: float = STEP_TIMEOUT) -> bytes:
         """The folder ``path`` as a tarball, members under the folder's own name (the engine's
         layout), read by the sandbox's ``tar`` running as the agent's user where ``trusted``, by
         the engine otherwise. Raises FileTooLarge past ``max_bytes``."""
@@ -74,7 +79,7 @@ class Workspaces:
                     argv=("tar", "-c", "-f", "-", "-C", parent or "/", name),
                     cwd="/",
                     env=TAR_ENV,
-                    timeout=STEP_TIMEOUT,
+                    timeout=timeout,
                     stdout_cap=max_bytes + 1,
                     stderr_cap=64 << 10,
                     as_root=True,
@@ -88,7 +93,7 @@ class Workspaces:
             if run.exit_code in (0, 1) and run.stdout and not run.timed_out:
                 return run.stdout
             if run.exit_code not in NO_TAR and run.timed_out:
-                raise FailedPrecondition(f"reading {path} in the sandbox timed out after {STEP_TIMEOUT:.0f} s")
+                raise ReadTimedOut(f"{path} could not be read within {timeout:g} s")
         return await self.runtime.get_archive(sandbox.container_id, path, max_bytes)
 
     async def put(self, sandbox: Sandbox, path: str, tar: bytes, *, reused: bool = False, fresh: bool = False) -> None:
