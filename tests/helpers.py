@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from rlsandbox.daemon.config import DaemonConfig, PoolConfig
 from rlsandbox.daemon.server import NodeDaemon
@@ -95,3 +96,31 @@ def events_config(tmp: Path, url: str, **extra: object) -> DaemonConfig:
         ],
     }
     return daemon_config(**{**options, **extra})
+
+
+async def run_steps(session: Any, until: float, counter: list[int]) -> None:
+    """``echo x`` in ``session`` until ``until`` (monotonic), counting the steps that succeeded."""
+    while time.monotonic() < until:
+        assert (await session.exec(["echo", "x"])).exit_code == 0
+        counter[0] += 1
+
+
+async def wait_run_stored(store: Any, run: str, sessions: int, timeout: float = 90) -> None:
+    """Until the aggregator's ``store`` has every session of ``run`` closed and no event missing."""
+
+    async def stored() -> bool:
+        integ = await asyncio.to_thread(store.integrity)
+        found = next((r for r in await asyncio.to_thread(store.runs) if r["name"] == run), None)
+        return found is not None and found["open"] == 0 and found["sessions_seen"] == sessions and integ["missing_events"] == 0
+
+    await eventually(stored, timeout=timeout, what=f"every session's events of run {run}, closed and without gaps")
+
+
+def assert_every_step_stored(store: Any, session_ids: set[str], steps: int) -> None:
+    """Every step event of ``session_ids`` is in ``store``, each session's numbers in order,
+    without a gap or a duplicate row."""
+    stored = sum(len([e for e in store.timeline(sid) if e["type"] == "step"]) for sid in session_ids)
+    assert stored == steps  # every step, none lost
+    for sid in session_ids:
+        seqs = [e["seq"] for e in store.timeline(sid)]
+        assert seqs == list(range(1, len(seqs) + 1))  # in order, no gap, no duplicate row

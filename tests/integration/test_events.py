@@ -13,8 +13,8 @@ from pathlib import Path
 
 import nats
 import pytest
-from helpers import events_config, eventually, running_daemon
-from rlsandbox.client import AsyncClient, AsyncSession
+from helpers import assert_every_step_stored, events_config, eventually, run_steps, running_daemon, wait_run_stored
+from rlsandbox.client import AsyncClient
 from rlsandbox.daemon.events.aggregator import Aggregator
 from rlsandbox.daemon.events.connection import NatsAuth
 from rlsandbox.daemon.events.model import STREAM, token
@@ -26,13 +26,6 @@ from rlsandbox.daemon.server import NodeDaemon
 pytestmark = pytest.mark.docker
 
 TASKS = Path(__file__).resolve().parent.parent / "fixtures" / "tasks"
-
-
-async def run_steps(s: AsyncSession, until: float, counter: list[int]) -> None:
-    while time.monotonic() < until:
-        r = await s.exec(["echo", "x"])
-        assert r.exit_code == 0
-        counter[0] += 1
 
 
 @pytest.mark.parametrize("step_batch", [256, 1], ids=["steps-batched", "steps-one-per-message"])
@@ -130,30 +123,13 @@ async def test_nats_down_for_10_s_loses_nothing(
             for s in sessions:
                 await s.close()
             ids = {s.id for s in sessions}
-
-            async def all_closed() -> bool:
-                integ = await asyncio.to_thread(aggregator.store.integrity)
-                runs = await asyncio.to_thread(aggregator.store.runs)
-                outage = next((r for r in runs if r["name"] == "outage"), None)
-                return (
-                    outage is not None
-                    and outage["open"] == 0
-                    and outage["sessions_seen"] == len(ids)
-                    and integ["missing_events"] == 0
-                )
-
-            await eventually(all_closed, timeout=90, what="every session's events, closed and without gaps")
+            await wait_run_stored(aggregator.store, "outage", len(ids))
             status = await client.node_status()
     finally:
         await node.stop()
     assert during > 50, "sessions must keep being served while NATS is down"
     assert outbox_peak > 0, "events went to the outbox during the outage"
-    store = aggregator.store
-    steps = sum(len([e for e in store.timeline(sid) if e["type"] == "step"]) for sid in ids)
-    assert steps == counter[0]  # every step, none lost
-    for sid in ids:
-        seqs = [e["seq"] for e in store.timeline(sid)]
-        assert seqs == list(range(1, len(seqs) + 1))  # in order, no gap, no duplicate row
+    assert_every_step_stored(aggregator.store, ids, counter[0])
     assert status.events.dropped_total == 0 and status.events.outbox_events == 0
 
 

@@ -14,8 +14,8 @@ import nats
 import nats.errors
 import nats.js.errors
 import pytest
-from helpers import TEST_OWNER, events_config, eventually
-from rlsandbox.client import AsyncClient, AsyncSession
+from helpers import TEST_OWNER, assert_every_step_stored, events_config, eventually, run_steps, wait_run_stored
+from rlsandbox.client import AsyncClient
 from rlsandbox.daemon.cluster import BUCKET
 from rlsandbox.daemon.events.aggregator import Aggregator
 from rlsandbox.daemon.events.model import STREAM
@@ -55,12 +55,6 @@ async def nats_cluster(tmp_path: Path) -> AsyncIterator[list[NatsServer]]:
         await asyncio.gather(*(s.stop() for s in servers))
 
 
-async def run_steps(s: AsyncSession, until: float, counter: list[int]) -> None:
-    while time.monotonic() < until:
-        assert (await s.exec(["echo", "x"])).exit_code == 0
-        counter[0] += 1
-
-
 async def test_a_server_killed_under_load_loses_no_event(nats_cluster: list[NatsServer], tmp_path: Path, images: object) -> None:
     url = ",".join(s.url for s in nats_cluster)  # the daemon's nats_url names all three
     node = NodeDaemon(events_config(tmp_path, url, node_id=f"{TEST_OWNER}-natsc", nats_replicas=3))
@@ -87,14 +81,7 @@ async def test_a_server_killed_under_load_loses_no_event(nats_cluster: list[Nats
             for s in sessions:
                 await s.close()
             ids = {s.id for s in sessions}
-
-            async def all_closed() -> bool:
-                integ = await asyncio.to_thread(aggregator.store.integrity)
-                runs = await asyncio.to_thread(aggregator.store.runs)
-                run = next((r for r in runs if r["name"] == "nats-cluster"), None)
-                return run is not None and run["open"] == 0 and run["sessions_seen"] == len(ids) and integ["missing_events"] == 0
-
-            await eventually(all_closed, timeout=90, what="every session's events, closed and without gaps")
+            await wait_run_stored(aggregator.store, "nats-cluster", len(ids))
             status = await client.node_status()
 
             # The node table (a KV bucket with 3 replicas) is written and read again.
@@ -115,14 +102,9 @@ async def test_a_server_killed_under_load_loses_no_event(nats_cluster: list[Nats
         finally:
             await nc.close()
         assert counter[0] > killed_at > 0, "sessions kept being served after the kill"
-        store = aggregator.store
-        steps = sum(len([e for e in store.timeline(sid) if e["type"] == "step"]) for sid in ids)
-        assert steps == counter[0]  # every step, none lost
-        for sid in ids:
-            seqs = [e["seq"] for e in store.timeline(sid)]
-            assert seqs == list(range(1, len(seqs) + 1))  # in order, no gap, no duplicate row
+        assert_every_step_stored(aggregator.store, ids, counter[0])
         assert status.events.dropped_total == 0
-        assert store.integrity()["duplicates"] == 0
+        assert aggregator.store.integrity()["duplicates"] == 0
     finally:
         await node.stop()
         aggregator.stop()
