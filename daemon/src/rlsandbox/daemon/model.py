@@ -91,7 +91,7 @@ class ExecRequest:
     stderr_cap: int = 1 * MiB
     # The daemon's own commands, never an episode's (the API has no such field):
     as_root: bool = False  # as the agent's user, where the episode's commands run as another
-    cap_kills: bool = False  # killed once its output passes a cap (a bounded read)
+    cap_kills: bool = False  # killed once its stdout passes stdout_cap (a bounded read)
 
 
 @dataclass(frozen=True, slots=True)

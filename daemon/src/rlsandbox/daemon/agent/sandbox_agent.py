@@ -184,7 +184,7 @@ class _Command(object):
         self.stream = bool(req.get("stream"))
         self.out = _Capture(int(req.get("stdout_cap", 1 << 20)), keep=not self.stream)
         self.err = _Capture(int(req.get("stderr_cap", 1 << 20)), keep=not self.stream)
-        # The daemon's own bounded reads: a command past its output cap is of no more use.
+        # The daemon's own bounded reads: a command past its stdout cap is of no more use.
         self.cap_kills = bool(req.get("cap_kills"))
         timeout = req.get("timeout")
         self.started = time.monotonic()
@@ -199,7 +199,7 @@ class _Command(object):
         kept = capture.add(chunk)
         if self.stream and kept and self.epoch == self.agent.epoch:
             self.agent.send(K_STDOUT if which == 1 else K_STDERR, self.rid, b"{}", kept)
-        if self.cap_kills and capture.truncated:
+        if self.cap_kills and which == 1 and capture.truncated:
             self.cap_kills = False
             self.kill()
 
