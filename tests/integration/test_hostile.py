@@ -127,12 +127,12 @@ async def test_sandbox_killed_mid_command_is_aborted_with_the_reason(node: NodeD
 
 
 async def test_sandbox_oom_killed_as_a_whole_is_aborted_and_told_apart(node: NodeDaemon, hc: AsyncClient) -> None:
-    """The OOM killer takes the sandbox's agent (PID 1), here by making it hold more output than
-    the sandbox's memory: the caller learns it was memory, the session ends saying so, and the
-    `failed` event and alert carry oom_killed."""
+    """The OOM killer takes the sandbox's agent (PID 1), here by making it hold a command's input
+    larger than the sandbox's memory (it keeps no output it streams): the caller learns it was
+    memory, the session ends saying so, and the `failed` event and alert carry oom_killed."""
     s = await hc.create_session("tiny")
     with pytest.raises(SandboxAbortedError, match="out of memory: the kernel OOM-killed it at its memory limit of 48 MB"):
-        await s.exec("head -c 60000000 /dev/zero", timeout=30, stdout_cap=64 << 20)
+        await s.exec("sleep 20", stdin=b"x" * 60_000_000, timeout=30)
     with pytest.raises(NotFoundError, match="out of memory"):
         await hc.get_session(s.id)
     await assert_node_healthy(node, hc)

@@ -34,8 +34,11 @@ class UnixSocketTransport:
         self._writer = writer
 
     async def send(self, data: bytes) -> None:
-        self._writer.write(data)
-        await self._writer.drain()
+        try:
+            self._writer.write(data)
+            await self._writer.drain()
+        except (ConnectionError, RuntimeError) as e:  # the agent's end is gone mid-frame (killed, OOM)
+            raise SandboxDied(f"lost the connection to the sandbox's agent while sending: {e}") from e
 
     async def receive(self) -> tuple[int, bytes] | None:
         try:
