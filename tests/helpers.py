@@ -119,8 +119,10 @@ async def wait_run_stored(store: Any, run: str, sessions: int, timeout: float = 
 def assert_every_step_stored(store: Any, session_ids: set[str], steps: int) -> None:
     """Every step event of ``session_ids`` is in ``store``, each session's numbers in order,
     without a gap or a duplicate row."""
-    stored = sum(len([e for e in store.timeline(sid) if e["type"] == "step"]) for sid in session_ids)
-    assert stored == steps  # every step, none lost
+    timelines = {sid: store.timeline(sid) for sid in session_ids}
+    stored = sum(len([e for e in t if e["type"] == "step"]) for t in timelines.values())
+    shape = {sid[-6:]: (len(t), [e["seq"] for e in t][-3:], [e["type"] for e in t][-2:]) for sid, t in timelines.items()}
+    assert stored == steps, f"{stored} step events stored for {steps} steps run; {shape}; {store.integrity()}"
     for sid in session_ids:
         seqs = [e["seq"] for e in store.timeline(sid)]
         assert seqs == list(range(1, len(seqs) + 1))  # in order, no gap, no duplicate row
