@@ -208,7 +208,8 @@ class ClusterClient:
         client = self._clients.get(address)
         if client is None:
             client = self._clients[address] = AsyncClient(address, **self._client_options)
-        client.node_id = self.placement.node_at(address)  # named in its errors
+        if not client.node_id:  # named in its errors; a scan of the table once, not per call
+            client.node_id = self.placement.node_at(address)
         return client
 
     async def refresh(self) -> List[ClusterNode]:
@@ -307,7 +308,8 @@ class BlockingClusterClient:
             client = self._clients.get(address)
             if client is None:
                 client = self._clients[address] = Client(address, **self._client_options)
-            client.node_id = self.placement.node_at(address)  # named in its errors
+            if not client.node_id:  # named in its errors; a scan of the table once, not per call
+                client.node_id = self.placement.node_at(address)
             return client
 
     def refresh(self) -> List[ClusterNode]:

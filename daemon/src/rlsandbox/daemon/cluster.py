@@ -148,6 +148,7 @@ class Membership:
     async def _watch(self) -> None:
         """Keep the node table in memory from the bucket's puts and deletes; entries that expire
         (a node that stopped updating) leave no marker, so readers drop records older than ``ttl``."""
+        pause = 1.0  # between attempts while NATS does not answer, doubled up to 30 s (one warning each)
         while True:
             watcher: Any = None
             try:
@@ -157,6 +158,7 @@ class Membership:
                     self._table_updated = time.monotonic()
                     if entry is None:  # the current values are in: the table is whole from now on
                         self._table = table
+                        pause = 1.0
                         continue
                     if entry.operation in (KV_DEL, KV_PURGE):
                         table.pop(entry.key, None)
@@ -175,7 +177,8 @@ class Membership:
                 if watcher is not None:
                     with contextlib.suppress(Exception):
                         await watcher.stop()
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 30.0)
 
     async def leave(self) -> None:
         """Take this node out of the table now (an orderly stop); errors only logged."""
