@@ -27,6 +27,10 @@ if ! command -v chromium >/dev/null; then  # a real browser for the dashboard's 
   log "installing chromium"
   apt_install --no-install-recommends chromium
 fi
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then  # the aggregator's PostgreSQL tests run a private server
+  log "installing postgresql"
+  apt_install --no-install-recommends postgresql
+fi
 if ! command -v promtool >/dev/null; then  # promtool, for the alert rules' tests (no node exporter)
   log "installing prometheus (promtool)"
   apt_install --no-install-recommends prometheus

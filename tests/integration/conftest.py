@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from rlsandbox.daemon.events.aggregator import Aggregator
 from rlsandbox.daemon.events.nats_server import NatsServer
 from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, DockerRuntime
 from rlsandbox.daemon.server import NodeDaemon
+from rlsandbox.loadtest.postgres import PostgresServer, postgres_server
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -62,3 +64,21 @@ async def aggregator(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[A
     finally:
         agg.stop()
         await asyncio.wait_for(task, 30)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A private PostgreSQL server (Debian's package) for the run; fsync off, it is thrown away."""
+    with postgres_server(durable=False) as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_db(postgres: PostgresServer, request: pytest.FixtureRequest) -> str:
+    """The URL of a new, empty database of its own for the test."""
+    _databases[0] += 1
+    name = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40]
+    return postgres.create_database(f"t{_databases[0]}_{name}")
+
+
+_databases = [0]

@@ -16,6 +16,7 @@ import pytest
 from helpers import assert_every_step_stored, events_config, eventually, run_steps, running_daemon, wait_run_stored
 from rlsandbox.client import AsyncClient
 from rlsandbox.daemon.events.aggregator import Aggregator
+from rlsandbox.daemon.events.anomalies import AnomalyRules
 from rlsandbox.daemon.events.connection import NatsAuth
 from rlsandbox.daemon.events.model import STREAM, token
 from rlsandbox.daemon.events.nats_server import NatsServer, free_port
@@ -223,8 +224,13 @@ async def test_aggregator_killed_and_restarted_resumes(nats_server: NatsServer, 
         await node.stop()
 
 
-async def test_two_aggregators_share_the_work(nats_server: NatsServer, tmp_path: Path, images: dict[str, str]) -> None:
-    db = tmp_path / "shared.sqlite3"
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+async def test_two_aggregators_share_the_work(
+    nats_server: NatsServer, tmp_path: Path, images: dict[str, str], database: str, request: pytest.FixtureRequest
+) -> None:
+    """Two aggregators in one queue group write one database: a SQLite file, or PostgreSQL (the
+    cluster's store); each takes part, and the run is whole with no event twice."""
+    db = str(tmp_path / "shared.sqlite3") if database == "sqlite" else request.getfixturevalue("postgres_db")
     aggs = [Aggregator(nats_server.url, db, batch=50) for _ in range(2)]
     tasks = [asyncio.create_task(a.run()) for a in aggs]
     node = NodeDaemon(events_config(tmp_path, nats_server.url))
@@ -255,6 +261,44 @@ async def test_two_aggregators_share_the_work(nats_server: NatsServer, tmp_path:
     steps = check.runs()
     check.close()
     assert next(r for r in steps if r["name"] == "shared")["steps"] == counter[0]
+
+
+async def test_the_aggregator_rides_out_a_postgresql_crash(
+    nats_server: NatsServer, tmp_path: Path, images: dict[str, str]
+) -> None:
+    """PostgreSQL crashes (immediate shutdown: every connection cut) while sessions run and is
+    back 4 s later on the same port: the aggregator keeps its batches unacknowledged meanwhile,
+    reconnects, and every step ends up stored once; its anomaly watcher and process live on."""
+    from rlsandbox.loadtest.postgres import postgres_server
+
+    # Durable: with synchronous_commit off a crash loses commits the aggregator has acknowledged.
+    with postgres_server(durable=True) as pg:
+        db = pg.create_database("crash")
+        agg = Aggregator(nats_server.url, db, batch=50, anomaly_rules=AnomalyRules(window=1, min_gradings=1))
+        task = asyncio.create_task(agg.run())
+        node = NodeDaemon(events_config(tmp_path, nats_server.url))
+        await node.start()
+        counter = [0]
+        try:
+            await asyncio.wait_for(agg.started.wait(), 30)
+            async with AsyncClient(node.address) as client:
+                sessions = [await client.create_session("busybox", labels={"run": "pgcrash"}) for _ in range(4)]
+                load = asyncio.gather(*(run_steps(s, time.monotonic() + 9, counter) for s in sessions))
+                await asyncio.sleep(2)
+                await asyncio.to_thread(pg.crash)
+                await asyncio.sleep(4)
+                assert not task.done()
+                await asyncio.to_thread(pg.start)
+                await load
+                for s in sessions:
+                    await s.close()
+            await wait_run_stored(agg.store, "pgcrash", 4)
+            assert_every_step_stored(agg.store, {s.id for s in sessions}, counter[0])
+            assert agg.store_errors_total > 0  # it did meet the outage
+        finally:
+            agg.stop()
+            await task
+            await node.stop()
 
 
 async def test_stopping_mid_publish_keeps_the_batch_in_the_outbox(nats_server: NatsServer, tmp_path: Path) -> None:

@@ -35,9 +35,10 @@ async def test_grading_benchmark_runs(images: dict[str, str]) -> None:
 
 
 async def test_events_benchmark_runs(images: dict[str, str]) -> None:
-    results = await events_bench.bench(events=2000, execs=100)
-    e = results["end_to_end"]
-    assert e["integrity"]["events"] == 2000 and e["integrity"]["missing_events"] == 0
+    results = await events_bench.bench(events=2000, execs=100, databases=["sqlite", "postgresql"], aggregators=[2])
+    runs = results["end_to_end_runs"]
+    assert [(e["database"], e["aggregators"]) for e in runs] == [("sqlite", 1), ("postgresql", 2)]
+    assert all(e["integrity"]["events"] == 2000 and e["integrity"]["missing_events"] == 0 for e in runs)
     assert results["exec_overhead"]["published_by_daemon"] > 100  # the "on" daemon really published
     assert "end to end" in events_bench.render(results)
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from rlsandbox.daemon.errors import InvalidArgument
-
 DEFAULT_DB = "/var/lib/rlsandbox/aggregator.sqlite3"
+# The database from the environment (a postgresql:// URL with a password stays out of `ps`).
+DB_ENV = "RLSANDBOX_AGGREGATOR_DB"
+DB_HELP = f"a SQLite file, or a postgresql:// URL that several aggregators share (default: ${DB_ENV}, else {DEFAULT_DB})"
 
 
 async def _aggregator(args: argparse.Namespace) -> int:
@@ -55,12 +56,10 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 def _open_store(db: str) -> Any:
-    """The aggregator's database, which must exist (opening a missing path would create one)."""
+    """The aggregator's database, which must exist (opening a missing file would create one)."""
     from rlsandbox.daemon.events.store import Store
 
-    if not Path(db).exists():
-        raise InvalidArgument(f"no aggregator database at {db}; pass --db (the aggregator's --db)")
-    return Store(db)
+    return Store(db, create=False)
 
 
 async def _stats(args: argparse.Namespace) -> int:
@@ -129,9 +128,9 @@ async def _export(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    agg = sub.add_parser("aggregator", help="consume the events stream into a SQLite database, serve queries")
+    agg = sub.add_parser("aggregator", help="consume the events stream into a database (SQLite or PostgreSQL), serve queries")
     agg.add_argument("--nats", default="nats://127.0.0.1:4222", help="NATS server URL(s)")
-    agg.add_argument("--db", default=DEFAULT_DB, help=f"SQLite database (default {DEFAULT_DB})")
+    agg.add_argument("--db", default=os.environ.get(DB_ENV, DEFAULT_DB), help=DB_HELP)
     agg.add_argument(
         "--http", default="127.0.0.1:7421", help="HTTP query API, dashboard (/) and metrics (/metrics) address ('' to disable)"
     )
@@ -152,7 +151,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     st = sub.add_parser("stats", help="rewards by run and task, node health, alerts, integrity")
     st.add_argument("what", choices=["runs", "tasks", "nodes", "alerts", "integrity"], nargs="?", default="runs")
-    st.add_argument("--db", default=DEFAULT_DB)
+    st.add_argument("--db", default=os.environ.get(DB_ENV, DEFAULT_DB), help=DB_HELP)
     st.add_argument("--run", default=None, help="tasks: only this run")
     st.add_argument("--json", action="store_true")
     st.set_defaults(handler=_stats)
@@ -161,6 +160,6 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     tr_sub = tr.add_subparsers(dest="trajectories_command", required=True)
     ex = tr_sub.add_parser("export", help="JSONL: one line per episode of a run, with its steps and rewards")
     ex.add_argument("--run", required=True, help="the run label of the sessions")
-    ex.add_argument("--db", default=DEFAULT_DB)
+    ex.add_argument("--db", default=os.environ.get(DB_ENV, DEFAULT_DB), help=DB_HELP)
     ex.add_argument("--out", default=None, help="output file (default: standard output)")
     ex.set_defaults(handler=_export)

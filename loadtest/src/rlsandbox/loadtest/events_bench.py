@@ -1,13 +1,16 @@
 """Events benchmark: end-to-end events per second, and what publishing costs an exec step.
 
-    python -m rlsandbox.loadtest.events_bench [--events 200000] [--execs 2000] [--json out.json]
+    python -m rlsandbox.loadtest.events_bench [--events 200000] [--execs 2000]
+        [--databases sqlite,postgresql] [--aggregators 1,2] [--rounds 1] [--json out.json]
 
-Real parts: a nats-server with JetStream (child process), the aggregator (`rlsandbox aggregator`,
-child process, SQLite), the daemon's EventPublisher in this process.
+Real parts: a nats-server with JetStream (child process), the aggregators (`rlsandbox aggregator`,
+child processes) writing SQLite or PostgreSQL (Debian's server, a private cluster with its default
+durability: fsync on, synchronous commit), the daemon's EventPublisher in this process.
 
 1. End to end: ``--events`` step events over 1,000 sessions are emitted as fast as the publisher
    takes them; measured until the aggregator's database holds all of them (and until JetStream
-   acknowledged all of them, for the publisher alone).
+   acknowledged all of them, for the publisher alone). Once per database and number of
+   aggregators sharing the consumer (``--aggregators``), one after the other in the same run.
 2. Overhead: three daemon processes on the same machine: one publishing events and answering each
    call once its events are durable (``events_confirm_timeout``, the default), one publishing
    without waiting (0), one without events; `true` through the API at concurrency 1, rotating
@@ -20,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -27,11 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from rlsandbox.client import AsyncClient
+from rlsandbox.daemon.events.database import is_url
 from rlsandbox.daemon.events.model import STEP, Event
 from rlsandbox.daemon.events.nats_server import NatsServer
 from rlsandbox.daemon.events.publisher import EventPublisher
 from rlsandbox.daemon.events.store import Store
 from rlsandbox.loadtest.node import daemon_process, wait_quiet, wait_ready
+from rlsandbox.loadtest.postgres import postgres_server
 from rlsandbox.loadtest.stats import bench_cli, machine, summary_ms
 
 DAEMON = """
@@ -72,17 +78,20 @@ def _step_data(i: int) -> dict[str, Any]:
     }
 
 
-async def _aggregator(url: str, db: Path) -> asyncio.subprocess.Process:
+async def _aggregator(url: str, db: Path | str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "rlsandbox.daemon.cli", "--log-level", "WARNING", "aggregator", "--nats", url, "--db", str(db),
         "--http", "", stdout=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
 
 
-async def end_to_end(server: NatsServer, tmp: Path, count: int) -> dict[str, Any]:
-    db = tmp / "agg.sqlite3"
-    agg = await _aggregator(server.url, db)
-    publisher = EventPublisher("bench", "i1", nats_url=server.url, outbox_path=tmp / "outbox.sqlite3", outbox_max_bytes=1 << 30)
+async def end_to_end(server: NatsServer, tmp: Path, count: int, db: Path | str, aggregators: int = 1) -> dict[str, Any]:
+    """``db``: a new, empty database; ``aggregators`` processes share the consumer and write it."""
+    aggs = [await _aggregator(server.url, db) for _ in range(aggregators)]
+    run = f"r{time.monotonic_ns()}"  # a new instance each time: JetStream drops a message id it saw lately
+    publisher = EventPublisher(
+        "bench", run, nats_url=server.url, outbox_path=tmp / f"outbox-{run}.sqlite3", outbox_max_bytes=1 << 30
+    )
     await publisher.start()
     try:
         while not publisher.stats().connected:
@@ -95,7 +104,7 @@ async def end_to_end(server: NatsServer, tmp: Path, count: int) -> dict[str, Any
         for i in range(count):
             s = i % sessions
             seqs[s] += 1
-            publisher.emit(Event(STEP, "bench", f"bench-s{s}", seqs[s], _step_data(i), labels))
+            publisher.emit(Event(STEP, "bench", f"{run}-s{s}", seqs[s], _step_data(i), labels))
             if i % 2000 == 1999:
                 await asyncio.sleep(0)  # let the publisher run, as the daemon's loop would
         emit_s = time.perf_counter() - t0
@@ -115,6 +124,8 @@ async def end_to_end(server: NatsServer, tmp: Path, count: int) -> dict[str, Any
         finally:
             store.close()
         return {
+            "database": "postgresql" if is_url(db) else "sqlite",
+            "aggregators": aggregators,
             "events": count,
             "emit_us_per_event": emit_s / count * 1e6,
             "publisher_acked_per_s": count / published_s,
@@ -126,8 +137,9 @@ async def end_to_end(server: NatsServer, tmp: Path, count: int) -> dict[str, Any
         }
     finally:
         await publisher.stop()
-        agg.terminate()
-        await agg.wait()
+        for agg in aggs:
+            agg.terminate()
+            await agg.wait()
 
 
 async def overhead(server: NatsServer, tmp: Path, execs: int) -> dict[str, Any]:
@@ -180,14 +192,23 @@ async def overhead(server: NatsServer, tmp: Path, execs: int) -> dict[str, Any]:
         await agg.wait()
 
 
-async def bench(events: int, execs: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as d:
+async def bench(events: int, execs: int, databases: list[str], aggregators: list[int], rounds: int = 1) -> dict[str, Any]:
+    results: dict[str, Any] = {"end_to_end_runs": []}
+    with tempfile.TemporaryDirectory() as d, contextlib.ExitStack() as stack:
         tmp = Path(d)
+        postgres = stack.enter_context(postgres_server()) if "postgresql" in databases else None
         server = NatsServer(tmp / "js")
         await server.start()
         try:
-            results = {"end_to_end": await end_to_end(server, tmp, events)}
-            results["exec_overhead"] = await overhead(server, tmp, execs)
+            for round_ in range(rounds):  # the whole sequence again: the machine's drift hits every setup alike
+                for database in databases:
+                    for n in aggregators if database == "postgresql" else [1]:
+                        name = f"agg_{database}_{n}_{round_}"
+                        db = postgres.create_database(name) if postgres and database == "postgresql" else tmp / name
+                        results["end_to_end_runs"].append(await end_to_end(server, tmp, events, db, n))
+            results["end_to_end"] = results["end_to_end_runs"][0]
+            if execs:
+                results["exec_overhead"] = await overhead(server, tmp, execs)
         finally:
             await server.stop()
     results["machine"] = machine()
@@ -195,9 +216,26 @@ async def bench(events: int, execs: int) -> dict[str, Any]:
 
 
 def render(r: dict[str, Any]) -> str:
-    e, o = r["end_to_end"], r["exec_overhead"]
+    e = r["end_to_end"]
+    setups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for x in r["end_to_end_runs"]:
+        setups.setdefault((x["database"], x["aggregators"]), []).append(x)
+    first = statistics.median(x["end_to_end_per_s"] for x in next(iter(setups.values())))
+    lines = []
+    for (database, n), runs in setups.items():
+        rates = [x["end_to_end_per_s"] for x in runs]
+        lines.append(
+            f"- {database}, {n} aggregator(s): **{statistics.median(rates):,.0f} events/s end to end** (median of "
+            f"{', '.join(f'{v:,.0f}' for v in rates)}; {statistics.median(rates) / first:.2f}x the first setup), "
+            f"missing {sum(x['integrity']['missing_events'] for x in runs)}, "
+            f"duplicates {sum(x['integrity']['duplicates'] for x in runs)}"
+        )
+    if "exec_overhead" not in r:
+        return "\n".join(lines)
+    o = r["exec_overhead"]
     return "\n".join(
         [
+            *lines,
             f"- {e['events']:,} step events ({e['event_bytes']} bytes each) over 1,000 sessions: "
             f"emit {e['emit_us_per_event']:.1f} us each; acknowledged by JetStream at {e['publisher_acked_per_s']:,.0f}/s; "
             f"in the aggregator's database at "
@@ -214,11 +252,21 @@ def render(r: dict[str, Any]) -> str:
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--execs", type=int, default=2000)
+    parser.add_argument("--execs", type=int, default=2000, help="0: the end-to-end part only")
+    parser.add_argument("--databases", default="sqlite,postgresql", help="the aggregator's databases, in this order")
+    parser.add_argument("--aggregators", default="1,2", help="PostgreSQL: aggregator processes sharing the consumer")
+    parser.add_argument("--rounds", type=int, default=1, help="end to end: the sequence of setups this many times")
 
 
 def main() -> None:
-    bench_cli(__doc__, _arguments, lambda args: bench(args.events, args.execs), render)
+    bench_cli(
+        __doc__,
+        _arguments,
+        lambda args: bench(
+            args.events, args.execs, args.databases.split(","), [int(n) for n in args.aggregators.split(",")], args.rounds
+        ),
+        render,
+    )
 
 
 if __name__ == "__main__":

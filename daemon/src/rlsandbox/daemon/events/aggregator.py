@@ -24,6 +24,7 @@ from aiohttp import web
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from rlsandbox.daemon.errors import Unavailable
 from rlsandbox.daemon.events.anomalies import AnomalyRules, judge, windows_to_judge
 from rlsandbox.daemon.events.connection import NatsAuth, servers
 from rlsandbox.daemon.events.model import CONSUMER, STREAM, SUBJECT_ROOT
@@ -65,6 +66,7 @@ class Aggregator:
         self.duplicates_total = 0
         self.invalid_total = 0
         self.anomalies_total = 0
+        self.store_errors_total = 0  # batches the database did not take (it did not answer)
         self.version = 0  # bumped whenever the store took new events
         self.anomaly_rules = anomaly_rules or AnomalyRules()
         self._published: dict[str, None] = {}  # anomaly ids this process published (in order)
@@ -144,7 +146,7 @@ class Aggregator:
         await js.add_consumer(self.stream, config)
         sub = await self._nc.subscribe(deliver, queue=self.durable, cb=on_msg, pending_msgs_limit=4 * MAX_ACK_PENDING)
         self.started.set()
-        log.info("aggregator: consuming %s as %s into %s", self.stream, self.durable, self.store.path)
+        log.info("aggregator: consuming %s as %s into %s", self.stream, self.durable, self.store.where)
         try:
             while not self._stop.is_set():
                 if len(buffer) < self.batch:
@@ -155,7 +157,10 @@ class Aggregator:
                 if not buffer:
                     continue
                 msgs, buffer[:] = buffer[:], []
-                new, dup, bad = await asyncio.to_thread(self.store.apply, [m.data for m in msgs])
+                applied = await self._apply(msgs)
+                if applied is None:
+                    return  # stopping with the batch not stored: not acknowledged, JetStream keeps it
+                new, dup, bad = applied
                 self.applied_total += new
                 if new:
                     self.version += 1  # open dashboards refresh (events/web.py, /v1/stream)
@@ -170,6 +175,22 @@ class Aggregator:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _apply(self, msgs: list[Msg]) -> tuple[int, int, int] | None:
+        """Into the store; while the database does not answer (PostgreSQL restarting or failing
+        over), the same batch again every second, unacknowledged (JetStream keeps it). None: the
+        aggregator stops before the database came back."""
+        while True:
+            try:
+                return await asyncio.to_thread(self.store.apply, [m.data for m in msgs])
+            except Unavailable as e:
+                self.store_errors_total += 1
+                log.warning("aggregator: %s; trying again", e)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(1.0):
+                        await self._stop.wait()
+                if self._stop.is_set():
+                    return None
 
     # -- reward anomalies (events/anomalies.py) --------------------------------------------------
     async def _watch_anomalies(self) -> None:
@@ -187,7 +208,11 @@ class Aggregator:
             now = time.time()
             judged = windows_to_judge(now, rules)
             first = judged.start - rules.baseline_windows
-            stats = await asyncio.to_thread(self.store.window_stats, first, judged.stop - 1, rules.window)
+            try:
+                stats = await asyncio.to_thread(self.store.window_stats, first, judged.stop - 1, rules.window)
+            except Exception as e:  # the database restarting: judged at the next check, the watcher lives on
+                log.warning("aggregator: anomaly check skipped: %s: %s", type(e).__name__, e)
+                continue
             js = nc.jetstream(timeout=5)
             for anomaly in judge(stats, now, rules):
                 event = anomaly.event(rules)

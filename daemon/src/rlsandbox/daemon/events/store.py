@@ -1,4 +1,4 @@
-"""The aggregator's store: an embedded SQLite database (WAL), written idempotently.
+"""The aggregator's store: an embedded SQLite database (WAL) or PostgreSQL, written idempotently.
 
 Session events are keyed by (session, seq): an event that arrives twice (redelivery, a replayed
 outbox) is counted as a duplicate and changes nothing else. What the events say is kept in plain
@@ -9,23 +9,26 @@ journal as emitted). Numbers are used in order, so inside a window a missing num
 that arrived was used and lost (``crash_window_lost``, counted in ``missing_events`` too); the
 missing numbers above the highest that arrived were never used, or used in the journal's last
 moment before the crash (``crash_window_unused``).
-Several aggregator processes may share one database file (SQLite serialises their writes).
+Several aggregator processes may share one database: a SQLite file (which serialises their
+writes) on one machine, PostgreSQL (``postgresql://`` URL, events/database.py) for a cluster. In
+PostgreSQL the bulk path takes its row locks in one order (sessions, then seconds, minutes and
+counters, each sorted), and a transaction that still meets a deadlock is tried again.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
+from rlsandbox.daemon.errors import Unavailable
 from rlsandbox.daemon.events.anomalies import WindowStats
+from rlsandbox.daemon.events.database import Database, open_database
 from rlsandbox.daemon.events.model import ALERT, CLOSED, CREATED, FAILED, FILES, HEARTBEAT, REWARD, STEP, decode_all
-from rlsandbox.daemon.storage import open_wal
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -54,7 +57,7 @@ CREATE INDEX IF NOT EXISTS sessions_run_created ON sessions (run, created_ts);
 CREATE INDEX IF NOT EXISTS rewards_run_ts ON rewards (run, ts);
 CREATE INDEX IF NOT EXISTS alerts_ts ON alerts (ts);
 -- Rollups the dashboard reads (so a run of 100k episodes is never loaded whole): per second,
--- what happened; per minute, how long steps took (counts per latency bucket, LATENCY_BOUNDS).
+-- what happened, and per minute how long steps took (counts per latency bucket, LATENCY_BOUNDS).
 CREATE TABLE IF NOT EXISTS activity (second INTEGER PRIMARY KEY, steps INTEGER NOT NULL DEFAULT 0,
     created INTEGER NOT NULL DEFAULT 0, ended INTEGER NOT NULL DEFAULT 0, graded INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS step_latency (minute INTEGER NOT NULL, bucket INTEGER NOT NULL, n INTEGER NOT NULL,
@@ -66,21 +69,30 @@ LATENCY_BOUNDS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0
 RUN_LABEL = "run"
 TASK_LABEL = "task"
 BUCKETS = (0.0, 0.25, 0.5, 0.75, 1.0)
+_ATTEMPTS = 5  # tries of a write transaction that meets a deadlock (PostgreSQL, several aggregators)
 
 
 class Store:
-    def __init__(self, path: str | Path, *, run_label: str = RUN_LABEL, task_label: str = TASK_LABEL) -> None:
-        self.path = Path(path)
+    def __init__(
+        self, where: str | Path, *, run_label: str = RUN_LABEL, task_label: str = TASK_LABEL, create: bool = True
+    ) -> None:
+        """``where``: a SQLite file or a ``postgresql://`` URL. ``create=False``: a SQLite file
+        must exist already (readers such as ``rlsandbox stats``)."""
         self.run_label = run_label
         self.task_label = task_label
         self._lock = threading.Lock()
-        with open_wal(self.path, timeout=60) as db:
-            db.execute("PRAGMA busy_timeout=60000")
-            db.executescript(SCHEMA)
-            _add_column(db, "rewards", "tampering INTEGER NOT NULL DEFAULT 0")  # stores made before it
+        self.retries = 0  # write transactions tried again after a deadlock
+        self._db = open_database(where, create=create)
+        self.where = self._db.where  # for logs: no password
+        try:
+            self._db.create_schema(SCHEMA, {"rewards": ["tampering INTEGER NOT NULL DEFAULT 0"]})  # stores made before it
             # The events counted once (a store made before the counter), then kept by apply().
-            db.execute("INSERT OR IGNORE INTO counters (name, value) SELECT 'events', COUNT(*) FROM events")
-        self._db = db
+            self._db.execute(
+                "INSERT INTO counters (name, value) SELECT 'events', COUNT(*) FROM events WHERE true ON CONFLICT DO NOTHING"
+            )
+        except BaseException:
+            self._db.close()
+            raise
 
     def close(self) -> None:
         with self._lock:
@@ -90,11 +102,16 @@ class Store:
     def apply(self, payloads: Iterable[bytes]) -> tuple[int, int, int]:
         """Write a batch in one transaction; returns (new events, duplicates, invalid).
 
-        Fast path: steps (most events) are inserted with one executemany and their sessions
-        updated once per session; when that insert meets a duplicate, the batch is rolled back to
-        the savepoint and applied event by event instead.
+        The events are inserted first, all at once (in (session, seq) order); only when that meets
+        an event stored already is it undone to the savepoint and done event by event, to learn
+        which ones are new. What the new events say is then summed per row (a session, a second, a
+        minute's latency bucket, a counter) and written once per row, table by table in one fixed
+        order and each table's rows sorted: two aggregators writing one PostgreSQL database take
+        their row locks in the same order, so they wait for each other and never deadlock on the
+        store's own rows (a deadlock is still tried again, ``_ATTEMPTS`` times).
         """
-        decoded: list[tuple[dict[str, Any], bytes]] = []
+        session_events: list[tuple[dict[str, Any], bytes]] = []
+        node_events: list[tuple[dict[str, Any], bytes]] = []
         bad = 0
         for payload in payloads:
             try:
@@ -102,178 +119,52 @@ class Store:
             except ValueError:
                 bad += 1
                 continue
-            if batch:  # each event of a batch (even of one) is stored as its own JSON
-                decoded.extend((ev, orjson.dumps(ev)) for ev in events)
-            else:
-                decoded.append((events[0], payload))
-        new = dup = stored = 0  # stored: new session events (the events table; node events are apart)
-        with self._lock, self._db:
-            self._db.execute("BEGIN IMMEDIATE")
-            steps = [(ev, p) for ev, p in decoded if ev["type"] == STEP and ev["session"]]
-            others = [(ev, p) for ev, p in decoded if not (ev["type"] == STEP and ev["session"])]
-            if steps and not self._steps_fast(steps):
-                others = decoded  # a duplicate among the steps: do them one by one
-            for ev, payload in others:
-                if self._apply_one(ev, payload):
-                    new += 1
-                    stored += 1 if ev["session"] else 0
-                else:
-                    dup += 1
-            if others is not decoded:
-                new += len(steps)
-                stored += len(steps)
-            self._bump("duplicates", dup)
-            self._bump("events", stored)  # the count integrity() reports, without counting the table
-            self._bump("invalid", bad)
+            # Each event of a batch (even of one) is stored as its own JSON.
+            for ev in events:
+                (session_events if ev["session"] else node_events).append((ev, orjson.dumps(ev) if batch else payload))
+        session_events.sort(key=lambda e: (e[0]["session"], e[0]["seq"]))
+        node_events.sort(key=lambda e: _node_key(e[0]))
+        with self._lock:
+            try:
+                self._db.reconnect()
+                for attempt in range(_ATTEMPTS):
+                    try:
+                        with self._db.transaction():
+                            new, dup = self._write(session_events, node_events, bad)
+                        break
+                    except self._db.retryable:  # PostgreSQL: a deadlock with another aggregator
+                        self.retries += 1
+                        if attempt == _ATTEMPTS - 1:
+                            raise
+            except self._db.lost as e:  # nothing of the batch was committed: the caller keeps it
+                raise Unavailable(f"the aggregator database {self.where} does not answer: {e}".strip()) from e
         return new, dup, bad
 
-    def _steps_fast(self, steps: list[tuple[dict[str, Any], bytes]]) -> bool:
-        """Insert step events in bulk; False (and nothing written) if any was there already."""
+    def _write(
+        self, session_events: list[tuple[dict[str, Any], bytes]], node_events: list[tuple[dict[str, Any], bytes]], bad: int
+    ) -> tuple[int, int]:
+        """One transaction's writes; returns (new events, duplicates)."""
         db = self._db
-        db.execute("SAVEPOINT steps")
-        before = db.total_changes
-        db.executemany(
-            "INSERT OR IGNORE INTO events (session, seq, node, type, ts, payload) VALUES (?, ?, ?, 'step', ?, ?)",
-            [(ev["session"], ev["seq"], ev["node"], float(ev["ts"]), p) for ev, p in steps],
-        )
-        if db.total_changes - before != len(steps):
-            db.execute("ROLLBACK TO steps")
-            db.execute("RELEASE steps")
-            return False
-        per_session: dict[str, list[Any]] = {}
-        for ev, _ in steps:
-            row = per_session.get(ev["session"])
-            if row is None:
-                labels = ev["labels"]
-                run, task = labels.get(self.run_label), labels.get(self.task_label)
-                per_session[ev["session"]] = [ev["session"], ev["node"], run, task, orjson.dumps(labels).decode(), 1, ev["seq"]]
-            else:
-                row[5] += 1
-                row[6] = max(row[6], ev["seq"])
-        db.executemany(
-            "INSERT INTO sessions (session, node, run, task, labels, events, max_seq, steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT(session) DO UPDATE SET events = events + excluded.events, steps = steps + excluded.steps, "
-            "max_seq = MAX(max_seq, excluded.max_seq)",
-            [(*r, r[5]) for r in per_session.values()],
-        )
-        self._rollup_steps([ev for ev, _ in steps])
-        db.execute("RELEASE steps")
-        return True
-
-    def _rollup_steps(self, steps: list[dict[str, Any]]) -> None:
-        """Steps per second, and their latencies per minute and bucket."""
-        per_second: dict[int, int] = {}
-        per_bucket: dict[tuple[int, int], int] = {}
-        for ev in steps:
-            ts = float(ev["ts"])
-            per_second[int(ts)] = per_second.get(int(ts), 0) + 1
-            duration = ev["data"].get("duration")
-            if isinstance(duration, int | float):
-                key = (int(ts) // 60 * 60, bisect.bisect_left(LATENCY_BOUNDS, duration))
-                per_bucket[key] = per_bucket.get(key, 0) + 1
-        self._db.executemany(
-            "INSERT INTO activity (second, steps) VALUES (?, ?) ON CONFLICT(second) DO UPDATE SET steps = steps + excluded.steps",
-            list(per_second.items()),
-        )
-        self._db.executemany(
-            "INSERT INTO step_latency (minute, bucket, n) VALUES (?, ?, ?) "
-            "ON CONFLICT(minute, bucket) DO UPDATE SET n = n + excluded.n",
-            [(m, b, n) for (m, b), n in per_bucket.items()],
-        )
-
-    def _activity(self, ts: float, column: str) -> None:
-        self._db.execute(
-            f"INSERT INTO activity (second, {column}) VALUES (?, 1) ON CONFLICT(second) DO UPDATE SET {column} = {column} + 1",
-            (int(ts),),
-        )
-
-    def _bump(self, name: str, n: int) -> None:
-        if n > 0:
-            self._db.execute(
-                "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
-                (name, n),
-            )
-
-    def _apply_one(self, ev: dict[str, Any], payload: bytes) -> bool:
-        db = self._db
-        session, seq, node, typ, ts = ev["session"], ev["seq"], ev["node"], ev["type"], float(ev["ts"])
-        data: dict[str, Any] = ev["data"]
-        if not session:  # a node event
-            key = f"{node}/{data.get('instance', '')}:{seq}"
+        rows = [(ev["session"], ev["seq"], ev["node"], ev["type"], float(ev["ts"]), p) for ev, p in session_events]
+        insert = "INSERT INTO events (session, seq, node, type, ts, payload) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+        db.execute("SAVEPOINT events")
+        if db.executemany(insert, rows) == len(rows):
+            fresh = [True] * len(rows)
+        else:  # some were there already: which ones
+            db.execute("ROLLBACK TO SAVEPOINT events")
+            fresh = [db.execute(insert, row).rowcount == 1 for row in rows]
+        db.execute("RELEASE SAVEPOINT events")
+        batch = _Batch(self.run_label, self.task_label)
+        for (ev, _), is_new in zip(session_events, fresh, strict=True):
+            batch.session_event(ev, is_new)
+        for ev, payload in node_events:
             cur = db.execute(
-                "INSERT OR IGNORE INTO node_events (key, node, type, ts, payload) VALUES (?, ?, ?, ?, ?)",
-                (key, node, typ, ts, payload),
+                "INSERT INTO node_events (key, node, type, ts, payload) VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (_node_key(ev), ev["node"], ev["type"], float(ev["ts"]), payload),
             )
-            if cur.rowcount == 0:
-                return False
-            if typ == HEARTBEAT:
-                db.execute(
-                    "INSERT INTO nodes (node, last_heartbeat, data) VALUES (?, ?, ?) ON CONFLICT(node) DO UPDATE SET "
-                    "last_heartbeat = MAX(last_heartbeat, excluded.last_heartbeat), "
-                    "data = CASE WHEN excluded.last_heartbeat >= last_heartbeat THEN excluded.data ELSE data END",
-                    (node, ts, orjson.dumps(data).decode()),
-                )
-            elif typ == ALERT:
-                db.execute(
-                    "INSERT OR IGNORE INTO alerts (key, node, session, kind, ts, data) VALUES (?, ?, NULL, ?, ?, ?)",
-                    (key, node, str(data.get("kind", "")), ts, orjson.dumps(data).decode()),
-                )
-            return True
-        cur = db.execute(
-            "INSERT OR IGNORE INTO events (session, seq, node, type, ts, payload) VALUES (?, ?, ?, ?, ?, ?)",
-            (session, seq, node, typ, ts, payload),
-        )
-        labels: dict[str, Any] = ev["labels"]
-        run, task = labels.get(self.run_label), labels.get(self.task_label)
-        if cur.rowcount == 0:
-            db.execute("UPDATE sessions SET duplicates = duplicates + 1 WHERE session = ?", (session,))
-            return False
-        db.execute(
-            "INSERT INTO sessions (session, node, run, task, labels, events, max_seq) VALUES (?, ?, ?, ?, ?, 1, ?) "
-            "ON CONFLICT(session) DO UPDATE SET events = events + 1, max_seq = MAX(max_seq, excluded.max_seq)",
-            (session, node, run, task, orjson.dumps(labels).decode(), seq),
-        )
-        if typ == CREATED:
-            db.execute("UPDATE sessions SET created_ts = ? WHERE session = ?", (ts, session))
-            self._activity(ts, "created")
-        elif typ == STEP:
-            db.execute("UPDATE sessions SET steps = steps + 1 WHERE session = ?", (session,))
-            self._rollup_steps([ev])
-        elif typ == REWARD:
-            tampering = data.get("tampering")
-            db.execute(
-                "INSERT OR IGNORE INTO rewards (session, seq, run, task, status, reward, resolved, ts, tampering) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    session,
-                    seq,
-                    run,
-                    task,
-                    str(data.get("status", "")),
-                    data.get("reward"),
-                    int(bool(data.get("resolved"))),
-                    ts,
-                    len(tampering) if isinstance(tampering, list) else 0,
-                ),
-            )
-            self._activity(ts, "graded")
-        elif typ in (CLOSED, FAILED):
-            db.execute(
-                "UPDATE sessions SET ended_ts = ?, state = ?, end_reason = ? WHERE session = ?",
-                (ts, typ, str(data.get("reason", "")), session),
-            )
-            self._activity(ts, "ended")
-        elif typ == ALERT:
-            db.execute(
-                "INSERT OR IGNORE INTO alerts (key, node, session, kind, ts, data) VALUES (?, ?, ?, ?, ?, ?)",
-                (f"{session}:{seq}", node, session, str(data.get("kind", "")), ts, orjson.dumps(data).decode()),
-            )
-        elif typ == FILES:
-            pass
-        window = data.get("unused_seq_window")
-        if isinstance(window, list) and len(window) == 2 and all(isinstance(x, int) for x in window):
-            db.execute("INSERT OR IGNORE INTO seq_windows (session, lo, hi) VALUES (?, ?, ?)", (session, window[0], window[1]))
-        return True
+            batch.node_event(ev, cur.rowcount == 1)
+        batch.write(db, bad)
+        return batch.new, batch.duplicates
 
     # -- queries --------------------------------------------------------------------------------
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
@@ -284,13 +175,16 @@ class Store:
 
     def _reward_stats(self, group: str, where: str = "", args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
         rows = self._rows(
-            f"SELECT {group} AS name, COUNT(*) AS gradings, SUM(status = 'ok') AS ok, "
-            f"SUM(status = 'infra_error') AS infra_errors, "
-            f"SUM(status = 'timeout') AS timeouts, SUM(status = 'invalid_task') AS invalid, AVG(reward) AS mean_reward, "
-            f"AVG(CASE WHEN reward IS NOT NULL THEN resolved END) AS pass_rate, COUNT(DISTINCT session) AS sessions, "
-            f"SUM(tampering > 0) AS tampered, "
-            f"SUM(reward IS NOT NULL AND reward <= 0) AS r0, SUM(reward > 0 AND reward <= 0.25) AS r1, "
-            f"SUM(reward > 0.25 AND reward <= 0.5) AS r2, SUM(reward > 0.5 AND reward < 1) AS r3, SUM(reward >= 1) AS r4 "
+            f"SELECT {group} AS name, COUNT(*) AS gradings, COUNT(*) FILTER (WHERE status = 'ok') AS ok, "
+            "COUNT(*) FILTER (WHERE status = 'infra_error') AS infra_errors, "
+            "COUNT(*) FILTER (WHERE status = 'timeout') AS timeouts, "
+            "COUNT(*) FILTER (WHERE status = 'invalid_task') AS invalid, AVG(reward) AS mean_reward, "
+            "AVG(CASE WHEN reward IS NOT NULL THEN resolved END) AS pass_rate, COUNT(DISTINCT session) AS sessions, "
+            "COUNT(*) FILTER (WHERE tampering > 0) AS tampered, "
+            "COUNT(*) FILTER (WHERE reward IS NOT NULL AND reward <= 0) AS r0, "
+            "COUNT(*) FILTER (WHERE reward > 0 AND reward <= 0.25) AS r1, "
+            "COUNT(*) FILTER (WHERE reward > 0.25 AND reward <= 0.5) AS r2, "
+            "COUNT(*) FILTER (WHERE reward > 0.5 AND reward < 1) AS r3, COUNT(*) FILTER (WHERE reward >= 1) AS r4 "
             f"FROM rewards {where} GROUP BY {group} ORDER BY {group}",
             args,
         )
@@ -302,7 +196,7 @@ class Store:
     def runs(self) -> list[dict[str, Any]]:
         stats = {r["name"]: r for r in self._reward_stats("run")}
         rows = self._rows(
-            "SELECT run AS name, COUNT(*) AS sessions_seen, SUM(steps) AS steps, SUM(state = 'open') AS open, "
+            "SELECT run AS name, COUNT(*) AS sessions_seen, SUM(steps) AS steps, COUNT(*) FILTER (WHERE state = 'open') AS open, "
             "SUM(max_seq - events) AS missing_events, SUM(duplicates) AS duplicates FROM sessions GROUP BY run ORDER BY run"
         )
         with self._lock:
@@ -404,9 +298,10 @@ class Store:
             return []
         width = max((hi - lo) / max(points, 1), 1.0)
         return self._rows(
-            "SELECT CAST((ts - ?) / ? AS INTEGER) AS b, MIN(ts) AS t, COUNT(*) AS gradings, AVG(reward) AS mean_reward, "
-            "AVG(CASE WHEN reward IS NOT NULL THEN resolved END) AS pass_rate, SUM(status = 'infra_error') AS infra_errors, "
-            f"SUM(tampering > 0) AS tampered FROM rewards WHERE {where} GROUP BY b ORDER BY b",
+            "SELECT CAST(FLOOR((ts - ?) / ?) AS BIGINT) AS b, MIN(ts) AS t, COUNT(*) AS gradings, AVG(reward) AS mean_reward, "
+            "AVG(CASE WHEN reward IS NOT NULL THEN resolved END) AS pass_rate, "
+            "COUNT(*) FILTER (WHERE status = 'infra_error') AS infra_errors, "
+            f"COUNT(*) FILTER (WHERE tampering > 0) AS tampered FROM rewards WHERE {where} GROUP BY b ORDER BY b",
             (lo, width, *args),
         )
 
@@ -437,8 +332,9 @@ class Store:
         """Per run, the gradings of windows ``first`` to ``last`` (window i: ts in [i*width, (i+1)*width))."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT run, CAST(ts / ? AS INTEGER) AS w, COUNT(*), SUM(status = 'infra_error'), SUM(reward IS NOT NULL), "
-                "COALESCE(SUM(reward), 0), SUM(tampering > 0) FROM rewards "
+                "SELECT run, CAST(FLOOR(ts / ?) AS BIGINT) AS w, COUNT(*), COUNT(*) FILTER (WHERE status = 'infra_error'), "
+                "COUNT(*) FILTER (WHERE reward IS NOT NULL), "
+                "COALESCE(SUM(reward), 0), COUNT(*) FILTER (WHERE tampering > 0) FROM rewards "
                 "WHERE ts >= ? AND ts < ? AND run IS NOT NULL GROUP BY run, w",
                 (width, first * width, (last + 1) * width),
             ).fetchall()
@@ -449,7 +345,8 @@ class Store:
         graded runs: counters for Prometheus (rewards only ever add rows)."""
         with self._lock:
             return self._db.execute(
-                "SELECT run, status, COUNT(*), COALESCE(SUM(reward), 0), SUM(reward IS NOT NULL), SUM(tampering > 0) "
+                "SELECT run, status, COUNT(*), COALESCE(SUM(reward), 0), COUNT(*) FILTER (WHERE reward IS NOT NULL), "
+                "COUNT(*) FILTER (WHERE tampering > 0) "
                 "FROM rewards WHERE run IN (SELECT run FROM rewards WHERE run IS NOT NULL GROUP BY run "
                 "ORDER BY MAX(ts) DESC LIMIT ?) GROUP BY run, status",
                 (runs,),
@@ -485,6 +382,137 @@ class Store:
             }
 
 
+def _node_key(ev: dict[str, Any]) -> str:
+    """A node event's identity: node, the daemon's instance (one life of it) and number."""
+    return f"{ev['node']}/{ev['data'].get('instance', '')}:{ev['seq']}"
+
+
+class _Batch:
+    """What one transaction's events change, summed per row, then written in one fixed order."""
+
+    def __init__(self, run_label: str, task_label: str) -> None:
+        self.run_label = run_label
+        self.task_label = task_label
+        self.new = self.duplicates = self.stored = 0  # stored: new session events (the events table)
+        # session -> [node, run, task, labels, events, max_seq, steps, duplicates, created_ts, end (ts, state, reason)]
+        self.sessions: dict[str, list[Any]] = {}
+        self.rewards: list[tuple[Any, ...]] = []
+        self.alerts: list[tuple[Any, ...]] = []
+        self.windows: list[tuple[str, int, int]] = []
+        self.heartbeats: dict[str, tuple[float, str]] = {}
+        self.activity: dict[int, list[int]] = {}  # second -> [steps, created, ended, graded]
+        self.latency: dict[tuple[int, int], int] = {}  # (minute, bucket) -> steps
+
+    def _second(self, ts: float, column: int) -> None:
+        self.activity.setdefault(int(ts), [0, 0, 0, 0])[column] += 1
+
+    def session_event(self, ev: dict[str, Any], new: bool) -> None:
+        session, seq, typ, ts = ev["session"], ev["seq"], ev["type"], float(ev["ts"])
+        row = self.sessions.get(session)
+        if row is None:
+            labels: dict[str, Any] = ev["labels"]
+            row = [ev["node"], labels.get(self.run_label), labels.get(self.task_label), orjson.dumps(labels).decode(),
+                   0, 0, 0, 0, None, None]  # fmt: skip
+            self.sessions[session] = row
+        if not new:
+            row[7] += 1
+            self.duplicates += 1
+            return
+        self.new += 1
+        self.stored += 1
+        row[4] += 1
+        row[5] = max(row[5], seq)
+        data: dict[str, Any] = ev["data"]
+        if typ == STEP:
+            row[6] += 1
+            self._second(ts, 0)
+            duration = data.get("duration")
+            if isinstance(duration, int | float):
+                key = (int(ts) // 60 * 60, bisect.bisect_left(LATENCY_BOUNDS, duration))
+                self.latency[key] = self.latency.get(key, 0) + 1
+        elif typ == CREATED:
+            row[8] = ts
+            self._second(ts, 1)
+        elif typ in (CLOSED, FAILED):
+            row[9] = (ts, typ, str(data.get("reason", "")))  # the last end of the batch (events come in seq order)
+            self._second(ts, 2)
+        elif typ == REWARD:
+            tampering = data.get("tampering")
+            self.rewards.append(
+                (session, seq, row[1], row[2], str(data.get("status", "")), data.get("reward"), int(bool(data.get("resolved"))),
+                 ts, len(tampering) if isinstance(tampering, list) else 0)
+            )  # fmt: skip
+            self._second(ts, 3)
+        elif typ == ALERT:
+            self.alerts.append(
+                (f"{session}:{seq}", ev["node"], session, str(data.get("kind", "")), ts, orjson.dumps(data).decode())
+            )
+        window = data.get("unused_seq_window")
+        if isinstance(window, list) and len(window) == 2 and all(isinstance(x, int) for x in window):
+            self.windows.append((session, window[0], window[1]))
+
+    def node_event(self, ev: dict[str, Any], new: bool) -> None:
+        if not new:
+            self.duplicates += 1
+            return
+        self.new += 1
+        typ, ts, data = ev["type"], float(ev["ts"]), ev["data"]
+        if typ == HEARTBEAT:
+            was = self.heartbeats.get(ev["node"])
+            if was is None or ts >= was[0]:
+                self.heartbeats[ev["node"]] = (ts, orjson.dumps(data).decode())
+        elif typ == ALERT:
+            self.alerts.append((_node_key(ev), ev["node"], None, str(data.get("kind", "")), ts, orjson.dumps(data).decode()))
+
+    def write(self, db: Database, invalid: int) -> None:
+        """Table by table in one order, each table's rows sorted (the lock order of every writer)."""
+        db.executemany(
+            "INSERT INTO sessions (session, node, run, task, labels, events, max_seq, steps, duplicates, created_ts, "
+            "ended_ts, state, end_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(session) DO UPDATE SET events = sessions.events + excluded.events, "
+            "max_seq = GREATEST(sessions.max_seq, excluded.max_seq), steps = sessions.steps + excluded.steps, "
+            "duplicates = sessions.duplicates + excluded.duplicates, "
+            "created_ts = COALESCE(excluded.created_ts, sessions.created_ts), "
+            "state = CASE WHEN excluded.ended_ts IS NULL THEN sessions.state ELSE excluded.state END, "
+            "end_reason = CASE WHEN excluded.ended_ts IS NULL THEN sessions.end_reason ELSE excluded.end_reason END, "
+            "ended_ts = COALESCE(excluded.ended_ts, sessions.ended_ts)",
+            [(s, *r[:9], *(r[9] or (None, "open", None))) for s, r in sorted(self.sessions.items())],
+        )
+        db.executemany(
+            "INSERT INTO rewards (session, seq, run, task, status, reward, resolved, ts, tampering) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            self.rewards,
+        )
+        db.executemany(
+            "INSERT INTO alerts (key, node, session, kind, ts, data) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            sorted(self.alerts),
+        )
+        db.executemany("INSERT INTO seq_windows (session, lo, hi) VALUES (?, ?, ?) ON CONFLICT DO NOTHING", sorted(self.windows))
+        db.executemany(
+            "INSERT INTO nodes (node, last_heartbeat, data) VALUES (?, ?, ?) ON CONFLICT(node) DO UPDATE SET "
+            "data = CASE WHEN excluded.last_heartbeat >= nodes.last_heartbeat THEN excluded.data ELSE nodes.data END, "
+            "last_heartbeat = GREATEST(nodes.last_heartbeat, excluded.last_heartbeat)",
+            [(node, ts, data) for node, (ts, data) in sorted(self.heartbeats.items())],
+        )
+        db.executemany(
+            "INSERT INTO activity (second, steps, created, ended, graded) VALUES (?, ?, ?, ?, ?) ON CONFLICT(second) "
+            "DO UPDATE SET steps = activity.steps + excluded.steps, created = activity.created + excluded.created, "
+            "ended = activity.ended + excluded.ended, graded = activity.graded + excluded.graded",
+            [(second, *counts) for second, counts in sorted(self.activity.items())],
+        )
+        db.executemany(
+            "INSERT INTO step_latency (minute, bucket, n) VALUES (?, ?, ?) "
+            "ON CONFLICT(minute, bucket) DO UPDATE SET n = step_latency.n + excluded.n",
+            [(m, b, n) for (m, b), n in sorted(self.latency.items())],
+        )
+        counters = {"duplicates": self.duplicates, "events": self.stored, "invalid": invalid}  # events: what integrity() reports
+        db.executemany(
+            "INSERT INTO counters (name, value) VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET value = counters.value + excluded.value",
+            [(name, n) for name, n in sorted(counters.items()) if n > 0],
+        )
+
+
 def _percentile(counts: dict[int, int], total: int, q: float) -> float | None:
     if total == 0:
         return None
@@ -500,15 +528,3 @@ def _percentile(counts: dict[int, int], total: int, q: float) -> float | None:
             return (lower + (upper - lower) * (rank - seen) / n) * 1000
         seen += n
     return None  # pragma: no cover - the ranks add up to total
-
-
-def _add_column(db: sqlite3.Connection, table: str, column: str) -> None:
-    """Add a column a store made by an earlier version lacks (another aggregator may race us to it)."""
-    name = column.split()[0]
-    if name in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
-        return
-    try:
-        db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
-    except sqlite3.OperationalError as e:
-        if "duplicate column" not in str(e):
-            raise
