@@ -112,6 +112,30 @@ def test_the_headless_service_selects_the_daemons() -> None:
     )
 
 
+def test_the_aggregators_share_the_postgresql_the_manifests_run() -> None:
+    """The aggregators read their database URL from the environment variable the command line
+    reads, out of a Secret; the StatefulSet's headless Service selects its pods and is the host
+    docs/CLUSTER.md puts in that URL; the image has psycopg."""
+    from rlsandbox.daemon.cli_events import DB_ENV
+
+    agg = find("Deployment", "rlsandbox-aggregator")
+    (container,) = agg["spec"]["template"]["spec"]["containers"]
+    assert agg["spec"]["replicas"] >= 2 and not any(a.startswith("--db") for a in container["args"])
+    (db_env,) = [e for e in container["env"] if e["name"] == DB_ENV]
+    assert db_env["valueFrom"]["secretKeyRef"] == {"name": "rlsandbox-aggregator-db", "key": "url"}
+    pg = find("StatefulSet", "rlsandbox-postgres")
+    svc = find("Service", pg["spec"]["serviceName"])
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"].items() <= pg["spec"]["template"]["metadata"]["labels"].items()
+    (pg_container,) = pg["spec"]["template"]["spec"]["containers"]
+    user = next(e["value"] for e in pg_container["env"] if e["name"] == "POSTGRES_USER")
+    database = next(e["value"] for e in pg_container["env"] if e["name"] == "POSTGRES_DB")
+    docs = (DEPLOY.parents[1] / "docs" / "CLUSTER.md").read_text()
+    url = f"postgresql://{user}:PASSWORD@{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:5432/{database}"
+    assert url in docs
+    assert "[postgres]" in (DEPLOY / "Dockerfile").read_text()
+
+
 def test_the_nats_values_keep_three_jetstream_replicas() -> None:
     values = yaml.safe_load((DEPLOY / "nats-values.yaml").read_text())
     assert values["config"]["jetstream"]["enabled"] is True
