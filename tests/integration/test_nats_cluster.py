@@ -1,7 +1,7 @@
 """Events and the node table on a 3-server NATS cluster with JetStream (replicas 3): the daemon and
-the aggregator know all three servers; one server is SIGKILLed while sessions run, and no event is
-lost or stored twice (a second delivery is absorbed), the node table stays readable, the stream
-keeps its three copies."""
+two aggregators writing one PostgreSQL database (the cluster's store) know all three servers; one
+server is SIGKILLed while sessions run, and no event is lost or stored twice (a second delivery is
+absorbed), the node table stays readable, the stream keeps its three copies."""
 
 from __future__ import annotations
 
@@ -56,12 +56,15 @@ async def nats_cluster(tmp_path: Path) -> AsyncIterator[list[NatsServer]]:
         await asyncio.gather(*(s.stop() for s in servers))
 
 
-async def test_a_server_killed_under_load_loses_no_event(nats_cluster: list[NatsServer], tmp_path: Path, images: object) -> None:
+async def test_a_server_killed_under_load_loses_no_event(
+    nats_cluster: list[NatsServer], tmp_path: Path, images: object, postgres_db: str
+) -> None:
     url = ",".join(s.url for s in nats_cluster)  # the daemon's nats_url names all three
     node = NodeDaemon(events_config(tmp_path, url, node_id=f"{TEST_OWNER}-natsc", nats_replicas=3))
-    aggregator = Aggregator(url, tmp_path / "agg.sqlite3")
-    consuming = asyncio.create_task(aggregator.run())
-    await asyncio.wait_for(aggregator.started.wait(), 30)
+    aggregators = [Aggregator(url, postgres_db, batch=100) for _ in range(2)]
+    aggregator = aggregators[0]
+    consuming = [asyncio.create_task(a.run()) for a in aggregators]
+    await asyncio.gather(*(asyncio.wait_for(a.started.wait(), 30) for a in aggregators))
     await node.start()
     counter = [0]
     try:
@@ -107,8 +110,10 @@ async def test_a_server_killed_under_load_loses_no_event(nats_cluster: list[Nats
         # Delivery is at least once: a batch whose acknowledgement died with the server may come
         # twice; the store keeps one row per event (the sequences above) and counts the other.
         assert status.events.dropped_total == 0
+        assert all(a.applied_total > 0 for a in aggregators), [a.applied_total for a in aggregators]
     finally:
         await node.stop()
-        aggregator.stop()
+        for a in aggregators:
+            a.stop()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(consuming, 30)
+            await asyncio.wait_for(asyncio.gather(*consuming), 30)
