@@ -4,6 +4,8 @@ the location of a new, empty store (a file path or a ``postgresql://`` URL)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from rlsandbox.daemon.events.model import ADOPTED, CLOSED, CREATED, REWARD, STEP, Event, batch_payload
 from rlsandbox.daemon.events.store import Store
@@ -132,4 +134,51 @@ def test_numbers_a_restarted_daemon_may_have_skipped_are_not_gaps(db: str) -> No
     store.apply([ev(STEP, 36).to_json()])
     integrity = store.integrity()
     assert integrity["missing_events"] == 1 and integrity["sessions_with_gaps"] == 1
+    store.close()
+
+
+def test_hostile_values_are_held_or_refused_and_never_stop_the_store(db: str) -> None:
+    """Labels that are not text (an object, a NUL), a reward that is not a number, numbers no
+    database holds: each event is stored with what can be kept, or counted invalid; the others
+    of the same batch are stored."""
+    hostile = {"run": "r\0x", "task": {"nested": [1, 2]}}
+    events = [
+        Event(CREATED, "n1", "h1", 1, {}, hostile, ts=T0),
+        Event(STEP, "n1", "h1", 2, {"duration": "slow"}, hostile, ts=T0 + 1),
+        Event(REWARD, "n1", "h1", 3, {"status": "ok", "reward": "1.0", "resolved": True}, hostile, ts=T0 + 2),
+    ]
+    huge_seq = Event(STEP, "n1", "h1", 2**60, {}, hostile, ts=T0).to_json()
+    far_future = Event(STEP, "n1", "h1", 4, {}, hostile, ts=1e300).to_json()
+    store = Store(db)
+    assert store.apply([batch_payload("n1", events[1:2]), events[0].to_json(), events[2].to_json(), huge_seq, far_future]) == (
+        3,
+        0,
+        2,
+    )
+    (run,) = store.runs()
+    assert run["name"] in ("r\0x", "r\ufffdx")  # PostgreSQL's text holds no NUL: a visible mark instead
+    (grade,) = store.tasks()
+    assert grade["name"] == '{"nested":[1,2]}' and grade["gradings"] == 1 and grade["mean_reward"] is None
+    assert store.integrity()["invalid"] == 2
+    assert [e["seq"] for e in store.timeline("h1")] == [1, 2, 3]
+    store.close()
+
+
+def test_an_event_the_database_refuses_is_skipped_alone(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No refusal is known (the test above); should one come, it costs that one event, not the
+    stream: simulated by a write that raises for one session, as a database error would."""
+    store = Store(db)
+    original = store._write
+
+    def refusing(session_events: list[Any], node_events: list[Any], bad: int) -> tuple[int, int]:
+        if any(ev["session"] == "poison" for ev, _ in session_events):
+            raise OverflowError("Python int too large to convert to SQLite INTEGER")
+        return original(session_events, node_events, bad)
+
+    monkeypatch.setattr(store, "_write", refusing)
+    good = [Event(STEP, "n1", "fine", i, {}, {"run": "r"}, ts=T0) for i in (1, 2)]
+    bad = Event(STEP, "n1", "poison", 1, {}, {"run": "r"}, ts=T0)
+    assert store.apply([batch_payload("n1", [good[0], bad, good[1]]), b"not json"]) == (2, 0, 2)
+    assert [e["seq"] for e in store.timeline("fine")] == [1, 2] and store.timeline("poison") == []
+    assert store.integrity()["invalid"] == 2
     store.close()

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import nats
@@ -84,8 +85,6 @@ async def test_full_episode_arrives_in_order(
     nodes = store.nodes()
     assert nodes[0]["node"] == node.config.node_id and "pools" in nodes[0]["data"]
     assert status.events.connected and status.events.published_total >= 6 and status.events.dropped_total == 0
-    import urllib.request
-
     body = await asyncio.to_thread(
         lambda: urllib.request.urlopen(f"http://127.0.0.1:{aggregator.http_port}/v1/sessions/{sid}", timeout=10).read()
     )
@@ -274,7 +273,12 @@ async def test_the_aggregator_rides_out_a_postgresql_crash(
     # Durable: with synchronous_commit off a crash loses commits the aggregator has acknowledged.
     with postgres_server(durable=True) as pg:
         db = pg.create_database("crash")
-        agg = Aggregator(nats_server.url, db, batch=50, anomaly_rules=AnomalyRules(window=1, min_gradings=1))
+        agg = Aggregator(nats_server.url, db, batch=50, anomaly_rules=AnomalyRules(window=1, min_gradings=1), http="127.0.0.1:0")
+
+        async def metrics() -> str:
+            url = f"http://127.0.0.1:{agg.http_port}/metrics"
+            return await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
+
         task = asyncio.create_task(agg.run())
         node = NodeDaemon(events_config(tmp_path, nats_server.url))
         await node.start()
@@ -288,6 +292,8 @@ async def test_the_aggregator_rides_out_a_postgresql_crash(
                 await asyncio.to_thread(pg.crash)
                 await asyncio.sleep(4)
                 assert not task.done()
+                down = await metrics()  # still served: the process's own numbers, and the store down
+                assert "rlsandbox_aggregator_store_up 0.0" in down and "rlsandbox_aggregator_store_errors_total" in down
                 await asyncio.to_thread(pg.start)
                 await load
                 for s in sessions:
@@ -295,6 +301,7 @@ async def test_the_aggregator_rides_out_a_postgresql_crash(
             await wait_run_stored(agg.store, "pgcrash", 4)
             assert_every_step_stored(agg.store, {s.id for s in sessions}, counter[0])
             assert agg.store_errors_total > 0  # it did meet the outage
+            assert "rlsandbox_aggregator_store_up 1.0" in await metrics()
         finally:
             agg.stop()
             await task
@@ -437,8 +444,6 @@ async def test_reward_anomalies_become_one_alert_event_across_aggregators_and_sh
     like): two aggregators sharing the store both judge the window; JetStream's duplicate window
     and the store's key keep one alert of each kind, which the alert API and /metrics show. The
     reward events come through the real nats-server in the daemon's own format."""
-    import urllib.request
-
     from rlsandbox.daemon.events.anomalies import AnomalyRules
     from rlsandbox.daemon.events.model import REWARD, Event
 

@@ -56,6 +56,9 @@ class Database:
     where: str
     retryable: tuple[type[BaseException], ...] = ()  # errors after which a write transaction is tried again
     lost: tuple[type[BaseException], ...] = ()  # errors that mean the server is gone (reconnect on the next use)
+    # Errors that mean these rows cannot be stored (a value out of the database's range, say),
+    # whatever is tried again: the store isolates the event instead of stopping at it.
+    bad_data: tuple[type[BaseException], ...] = (OverflowError, TypeError, ValueError)
 
     def sql(self, text: str) -> str:
         return text
@@ -83,6 +86,8 @@ class Database:
 
 
 class Sqlite(Database):
+    bad_data = (*Database.bad_data, sqlite3.DataError, sqlite3.IntegrityError, sqlite3.InterfaceError)
+
     def __init__(self, path: Path) -> None:
         self.where = str(path)
         with open_wal(path, timeout=60) as db:
@@ -174,6 +179,7 @@ class Postgres(Database):
         )
         self.retryable = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
         self.lost = (psycopg.OperationalError, psycopg.InterfaceError)
+        self.bad_data = (*Database.bad_data, psycopg.DataError, psycopg.IntegrityError)
         try:
             self._db = self._open()
         except psycopg.OperationalError as e:

@@ -140,12 +140,21 @@ def batch_of(node: str, encoded: list[bytes]) -> bytes:
     return head + b",".join(encoded) + b"]}"
 
 
+# What a store can hold whatever its database: numbers within 2**53 (JSON's exact integers, and
+# far inside SQLite's and PostgreSQL's 64 bits), times within the years 1970 to 5138.
+MAX_SEQ = 2**53
+MAX_TS = 1e11
+
+
 def _check(doc: Any) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("v") != VERSION:
         raise ValueError(f"not a v{VERSION} rlsandbox event")
     for key, kind in (("type", str), ("node", str), ("session", str), ("seq", int), ("ts", float | int)):
-        if not isinstance(doc.get(key), kind):
+        value = doc.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
             raise ValueError(f"event field {key!r} missing or of the wrong type")
+    if not 0 <= doc["seq"] < MAX_SEQ or not 0 <= doc["ts"] < MAX_TS:
+        raise ValueError("event seq or ts out of range")
     if not isinstance(doc.get("data"), dict) or not isinstance(doc.get("labels"), dict):
         raise ValueError("event data and labels must be objects")
     return doc

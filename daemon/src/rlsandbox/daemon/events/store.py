@@ -18,6 +18,7 @@ counters, each sorted), and a transaction that still meets a deadlock is tried a
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import threading
 from collections.abc import Iterable, Iterator
@@ -28,7 +29,7 @@ import orjson
 from rlsandbox.daemon.errors import Unavailable
 from rlsandbox.daemon.events.anomalies import WindowStats
 from rlsandbox.daemon.events.database import Database, open_database
-from rlsandbox.daemon.events.model import ALERT, CLOSED, CREATED, FAILED, FILES, HEARTBEAT, REWARD, STEP, decode_all
+from rlsandbox.daemon.events.model import ALERT, CLOSED, CREATED, FAILED, FILES, HEARTBEAT, MAX_SEQ, REWARD, STEP, decode_all
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -66,6 +67,7 @@ CREATE TABLE IF NOT EXISTS step_latency (minute INTEGER NOT NULL, bucket INTEGER
 # Upper bounds (seconds) of the step latency buckets; the last one is open.
 LATENCY_BOUNDS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, math.inf)
 
+log = logging.getLogger(__name__)
 RUN_LABEL = "run"
 TASK_LABEL = "task"
 BUCKETS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -100,6 +102,32 @@ class Store:
 
     # -- writes ---------------------------------------------------------------------------------
     def apply(self, payloads: Iterable[bytes]) -> tuple[int, int, int]:
+        """Write a batch in one transaction; returns (new events, duplicates, invalid).
+
+        An event the database refuses (``bad_data``: none is known; this is the guard) never
+        stops the stream at it: the batch is written again message by message and event by
+        event, and only what is refused alone is counted invalid, with an error in the log.
+        """
+        payloads = list(payloads)
+        try:
+            return self._apply(payloads)
+        except self._db.bad_data as e:
+            events: list[bytes] = []
+            for payload in payloads:
+                try:
+                    decoded, batch = decode_all(payload)
+                except ValueError:  # counted invalid when applied alone
+                    decoded, batch = [], False
+                events += [orjson.dumps(ev) for ev in decoded] if batch else [payload]
+            if len(events) == 1:
+                log.error("store: an event the database refuses was skipped (%s: %s)", type(e).__name__, e)
+                with self._lock, self._db.transaction():
+                    _Batch(self.run_label, self.task_label).write(self._db, 1)
+                return 0, 0, 1
+            totals = [self.apply([event]) for event in events]
+            return sum(t[0] for t in totals), sum(t[1] for t in totals), sum(t[2] for t in totals)
+
+    def _apply(self, payloads: list[bytes]) -> tuple[int, int, int]:
         """Write a batch in one transaction; returns (new events, duplicates, invalid).
 
         The events are inserted first, all at once (in (session, seq) order); only when that meets
@@ -382,6 +410,18 @@ class Store:
             }
 
 
+def _text(value: Any) -> str | None:
+    """A label as the run and task columns hold it: text (a label that is not is kept as its JSON)."""
+    return value if value is None or isinstance(value, str) else orjson.dumps(value).decode()
+
+
+def _number(value: Any) -> float | None:
+    """A reward as the rewards table holds it: a finite number, or none."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 def _node_key(ev: dict[str, Any]) -> str:
     """A node event's identity: node, the daemon's instance (one life of it) and number."""
     return f"{ev['node']}/{ev['data'].get('instance', '')}:{ev['seq']}"
@@ -411,8 +451,8 @@ class _Batch:
         row = self.sessions.get(session)
         if row is None:
             labels: dict[str, Any] = ev["labels"]
-            row = [ev["node"], labels.get(self.run_label), labels.get(self.task_label), orjson.dumps(labels).decode(),
-                   0, 0, 0, 0, None, None]  # fmt: skip
+            row = [ev["node"], _text(labels.get(self.run_label)), _text(labels.get(self.task_label)),
+                   orjson.dumps(labels).decode(), 0, 0, 0, 0, None, None]  # fmt: skip
             self.sessions[session] = row
         if not new:
             row[7] += 1
@@ -439,8 +479,8 @@ class _Batch:
         elif typ == REWARD:
             tampering = data.get("tampering")
             self.rewards.append(
-                (session, seq, row[1], row[2], str(data.get("status", "")), data.get("reward"), int(bool(data.get("resolved"))),
-                 ts, len(tampering) if isinstance(tampering, list) else 0)
+                (session, seq, row[1], row[2], str(data.get("status", "")), _number(data.get("reward")),
+                 int(bool(data.get("resolved"))), ts, len(tampering) if isinstance(tampering, list) else 0)
             )  # fmt: skip
             self._second(ts, 3)
         elif typ == ALERT:
@@ -448,7 +488,7 @@ class _Batch:
                 (f"{session}:{seq}", ev["node"], session, str(data.get("kind", "")), ts, orjson.dumps(data).decode())
             )
         window = data.get("unused_seq_window")
-        if isinstance(window, list) and len(window) == 2 and all(isinstance(x, int) for x in window):
+        if isinstance(window, list) and len(window) == 2 and all(isinstance(x, int) and 0 <= x < MAX_SEQ for x in window):
             self.windows.append((session, window[0], window[1]))
 
     def node_event(self, ev: dict[str, Any], new: bool) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from rlsandbox.daemon.events.aggregator import Aggregator
 
+log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "dashboard"
 NODE_STALE = 30.0  # seconds without a heartbeat after which a node shows as stale
 SSE_CHECK = 1.0
@@ -78,6 +80,35 @@ class _StoreCollector(Collector):
         self.agg = agg
 
     def collect(self) -> Iterator[Metric]:
+        agg = self.agg
+        try:  # the store's numbers; while its database does not answer, this process's own still
+            families = list(self._from_store())
+            up = 1
+        except Exception as e:  # reported as rlsandbox_aggregator_store_up 0, not as a failed scrape
+            log.warning("metrics: the store did not answer: %s: %s", type(e).__name__, e)
+            families, up = [], 0
+        yield from families
+        yield GaugeMetricFamily("rlsandbox_aggregator_store_up", "1 when the store's database answered this scrape", value=up)
+        yield CounterMetricFamily(
+            "rlsandbox_aggregator_store_errors", "Batches the database did not take (tried again)", value=agg.store_errors_total
+        )
+        yield CounterMetricFamily(
+            "rlsandbox_aggregator_write_retries", "Write transactions tried again after a deadlock", value=agg.store.retries
+        )
+        yield CounterMetricFamily(
+            "rlsandbox_aggregator_events_applied", "New events this process stored", value=agg.applied_total
+        )
+        yield CounterMetricFamily(
+            "rlsandbox_aggregator_events_duplicate", "Events this process got again (redelivery)", value=agg.duplicates_total
+        )
+        yield CounterMetricFamily(
+            "rlsandbox_aggregator_events_invalid", "Messages this process skipped as not v1 events", value=agg.invalid_total
+        )
+        yield CounterMetricFamily(
+            "rlsandbox_aggregator_anomalies", "Reward anomalies this process published", value=agg.anomalies_total
+        )
+
+    def _from_store(self) -> Iterator[Metric]:
         store = self.agg.store
         gradings = CounterMetricFamily("rlsandbox_run_gradings", "Gradings of a run by status", labels=["run", "status"])
         reward = CounterMetricFamily("rlsandbox_run_reward", "Sum of the rewards of a run's gradings", labels=["run"])
@@ -102,20 +133,7 @@ class _StoreCollector(Collector):
         beats = [n["last_heartbeat"] for n in store.nodes()]
         nodes.add_metric(["live"], sum(1 for t in beats if now - t <= NODE_STALE))
         nodes.add_metric(["stale"], sum(1 for t in beats if now - t > NODE_STALE))
-        agg = self.agg
         yield from (gradings, reward, rewarded, tampered, alerts, nodes)
-        yield CounterMetricFamily(
-            "rlsandbox_aggregator_events_applied", "New events this process stored", value=agg.applied_total
-        )
-        yield CounterMetricFamily(
-            "rlsandbox_aggregator_events_duplicate", "Events this process got again (redelivery)", value=agg.duplicates_total
-        )
-        yield CounterMetricFamily(
-            "rlsandbox_aggregator_events_invalid", "Messages this process skipped as not v1 events", value=agg.invalid_total
-        )
-        yield CounterMetricFamily(
-            "rlsandbox_aggregator_anomalies", "Reward anomalies this process published", value=agg.anomalies_total
-        )
 
 
 def app(agg: Aggregator) -> web.Application:
