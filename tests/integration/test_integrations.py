@@ -234,3 +234,102 @@ async def test_verl_tool_keeps_one_session_across_a_trajectorys_tool_calls(node:
         await tool.release(other)
         await tool.client.close()
     no_sessions_left(node)
+
+
+async def test_slime_sandbox_protocol_runs_an_episode_in_a_session(node: NodeDaemon, task: Task, tmp_path: Path) -> None:
+    """slime's ``Sandbox`` (async context manager, exec -> (code, out, err), write_file, read_file),
+    as its rollouts call it: checked against its published protocol (slime is not on PyPI)."""
+    from rlsandbox.client import SandboxRPCError
+    from rlsandbox.integrations.slime import RlsandboxSandbox
+
+    async with RlsandboxSandbox(task=task, target=node.address, labels={"run": "slime"}) as sb:
+        assert sb.sandbox_id in node.sessions.sessions
+        assert await sb.exec("grep -c 'a + b' calc/__init__.py") == (0, "2\n", "")
+        assert await sb.exec("echo out; echo err >&2; exit 3") == (3, "out\n", "err\n")
+        with pytest.raises(RuntimeError, match=r"exit=3"):
+            await sb.exec("exit 3", check=True)
+        assert (await sb.exec("kill -9 $$"))[0] == 128 + 9
+        code, _, err = await sb.exec("sleep 5", timeout=1)
+        assert code == 124 and "timed out" in err
+        assert (await sb.exec("echo $GREETING", env={"GREETING": "hi"}))[1] == "hi\n"
+        assert (await sb.exec("id -un", user="nobody"))[1] == "nobody\n"  # a root session can change user
+        source = await sb.read_file("calc/__init__.py")
+        await sb.write_file("calc/__init__.py", source.replace(BUG, FIX))
+        await sb.write_file("/tmp/b.bin", b"\x00\x01")
+        local = tmp_path / "notes.txt"
+        local.write_text("from the host\n")
+        await sb.write_file("/tmp/notes.txt", local, user="nobody")
+        assert (await sb.exec("stat -c %U /tmp/notes.txt; wc -c < /tmp/b.bin"))[1] == "nobody\n2\n"
+        assert await sb.read_file("/tmp/notes.txt") == "from the host\n"
+        assert await sb.read_file("/no/such/file") == ""
+        assert await sb.reward() == 1.0
+        sid = sb.sandbox_id
+    assert sid not in node.sessions.sessions
+
+    # A sandbox lost mid-rollout: the exception is slime's way of dropping the sample.
+    async with RlsandboxSandbox(task=task, target=node.address) as sb:
+        sandbox = node.sessions.sessions[sb.sandbox_id].sandbox
+        assert sandbox is not None
+        await node.runtime.docker.containers.container(sandbox.container_id).kill()
+        with pytest.raises(SandboxRPCError):
+            await sb.exec("true")
+    with pytest.raises(ValueError, match="image, a pool or a task"):
+        RlsandboxSandbox()
+    no_sessions_left(node)
+
+
+async def test_rllm_sandbox_protocol_moves_files_and_never_writes_outside(node: NodeDaemon, task: Task, tmp_path: Path) -> None:
+    """rLLM's ``Sandbox`` (sync exec that raises on failure, uploads, a detached process, close),
+    injected into a flow as rLLM's ``set_sandbox`` takes it: checked against its published protocol
+    (rllm has no Python 3.11 distribution). A download from the untrusted sandbox writes only
+    regular files inside the target folder."""
+    import asyncio
+    import os
+
+    from rlsandbox.integrations.rllm import RlsandboxSandbox, create_rlsandbox_sandbox
+
+    project = tmp_path / "agent"
+    (project / "pkg").mkdir(parents=True)
+    (project / "pkg" / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    os.chmod(project / "pkg" / "run.sh", 0o755)
+    os.symlink("pkg/run.sh", project / "link")
+    (tmp_path / "single.txt").write_text("one file\n")
+    outside = tmp_path / "outside"
+
+    def play() -> tuple[str, bool]:
+        sb = create_rlsandbox_sandbox(name="task-1", image="", task=task, target=node.address)
+        try:
+            assert sb.exec("grep -c 'a + b' calc/__init__.py") == "2\n"
+            with pytest.raises(RuntimeError, match=r"exit 3.*\n.*\n.*boom"):
+                sb.exec("echo boom >&2; exit 3")
+            sb.upload_dir(str(project), "/app/agent")
+            sb.upload_file(str(tmp_path / "single.txt"), "/app/runner/single.txt")
+            assert sb.exec("/app/agent/pkg/run.sh && readlink /app/agent/link && cat /app/runner/single.txt") == (
+                "ran\npkg/run.sh\none file\n"
+            )
+            # What a hostile episode leaves for the trainer to download.
+            sb.exec(
+                "mkdir -p /out/sub && echo a > /out/a.txt && echo b > /out/sub/b.txt && ln -s /etc/passwd /out/pw"
+                f" && ln -s {outside} /out/escape && mkfifo /out/fifo"
+            )
+            got = sorted(os.path.relpath(p, tmp_path / "dl") for p in sb.download_dir("/out", str(tmp_path / "dl")))
+            assert got == ["a.txt", "sub/b.txt"]
+            assert (tmp_path / "dl" / "sub" / "b.txt").read_text() == "b\n" and not outside.exists()
+            sb.start_agent_process("while true; do date > /tmp/alive; sleep 0.2; done", port=8100)
+            assert sb.exec("sleep 1; test -s /tmp/alive && echo yes") == "yes\n"
+            with pytest.raises(NotImplementedError, match="no network"):
+                sb.get_endpoint(8100)
+            sb.exec("sed -i '/def multiply/,/return/ s/a + b/a * b/' calc/__init__.py")
+            grade = sb.grade()
+            alive = sb.is_alive()
+        finally:
+            sb.close()
+        assert not sb.is_alive()
+        with pytest.raises(RuntimeError, match="closed"):
+            sb.exec("true")
+        return f"{grade.status} {grade.reward}", alive
+
+    assert await asyncio.to_thread(play) == ("ok 1.0", True)
+    with pytest.raises(ValueError, match="image, a pool or a task"):
+        RlsandboxSandbox(name="x")
+    no_sessions_left(node)

@@ -47,7 +47,9 @@ async def test_adapter_benchmark_runs(images: dict[str, str]) -> None:
     results = await adapter_bench.bench(steps=5, rounds=1)
     adapters = results["adapters"]
     assert {"raw client", "tools.run", "gymnasium", "skyrl-gym", "async raw client", "verl SandboxTool"} <= set(adapters)
+    assert {"rLLM Sandbox", "slime Sandbox"} <= set(adapters)
     assert adapters["verl SandboxTool"]["baseline"] == "async raw client"
+    assert adapters["slime Sandbox"]["baseline"] == "async raw client, bash -c"
     assert "overhead p50" in adapter_bench.render(results)
 
 

@@ -139,3 +139,23 @@ def edited(text: str, c: Dict[str, Any]) -> Union[str, Observation]:
     if found != 1:
         return Observation(f"'old' occurs {found} times in {c.get('path')}; it must occur exactly once (add context)")
     return text.replace(old, new, 1)
+
+
+def session_options(
+    *, image: str = "", pool: str = "", task: Any = None, labels: Any = None, env: Any = None, workdir: str = ""
+) -> Dict[str, Any]:
+    """``create_session`` keywords for an adapter's sandbox from a task, an image or a pool (the
+    pool is create_session's positional argument: it is only checked here)."""
+    if not (image or pool or task is not None):
+        raise ValueError("give an image, a pool or a task for the sandbox")
+    options: Dict[str, Any] = {
+        "labels": {str(k): str(v) for k, v in dict(labels or {}).items()},
+        "env": dict(env or {}),
+    }
+    if workdir:
+        options["workdir"] = workdir
+    if task is not None:
+        options["task"] = tuple(task) if isinstance(task, list) else task
+    elif image:
+        options["image"] = image
+    return options

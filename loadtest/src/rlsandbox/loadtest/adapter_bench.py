@@ -5,8 +5,10 @@
 One daemon, one python-task pool; each adapter keeps one session and runs ``echo x`` as a step, the
 way its framework calls it: the raw blocking client (``session.exec``), the shared tool layer
 (``integrations.tools.run``), Gymnasium (``SandboxEnv.step``), SkyRL-gym
-(``RlsandboxTextEnv.step`` with a ``<bash>`` action), and, on the asynchronous side, the raw
-``AsyncClient`` against verl's ``SandboxTool.execute``. Rounds interleave the adapters (the machine
+(``RlsandboxTextEnv.step`` with a ``<bash>`` action), rLLM's ``Sandbox.exec``, and, on the
+asynchronous side, the raw ``AsyncClient`` against verl's ``SandboxTool.execute`` and slime's
+``Sandbox.exec``. rLLM's and slime's run ``bash -c`` as their own backends do: their raw
+counterpart is that command. Rounds interleave the adapters (the machine
 is shared and noisy: only the ratios within a round and across rounds are compared); the overhead
 is each adapter's p50 and mean over its raw client's. mini-swe-agent's adapter is measured when
 ``minisweagent`` is importable (its own venv in the tests); it runs commands through
@@ -44,18 +46,22 @@ def _sync_steps(address: str) -> tuple[dict[str, Step], Callable[[], None]]:
     """The blocking adapters, each with its own session, and how to end them all."""
     from rlsandbox.integrations import tools
     from rlsandbox.integrations.gymnasium import SandboxEnv
+    from rlsandbox.integrations.rllm import RlsandboxSandbox
 
     client = Client(address)
     raw = client.create_session("python")
     core = client.create_session("python")
     env = SandboxEnv(address, pool="python", max_steps=10**9)
     env.reset(seed=0)
+    rllm = RlsandboxSandbox("bench", target=address, pool="python")
     steps: dict[str, Step] = {
         "raw client": lambda: raw.exec(COMMAND),
         "tools.run": lambda: tools.run(core, COMMAND),
         "gymnasium": lambda: env.step(COMMAND),
+        "raw client, bash -c": lambda: raw.exec(["bash", "-c", COMMAND]),
+        "rLLM Sandbox": lambda: rllm.exec(COMMAND),
     }
-    closers: list[Callable[[], object]] = [raw.close, core.close, env.close]
+    closers: list[Callable[[], object]] = [raw.close, core.close, env.close, rllm.close]
     try:
         from rlsandbox.integrations.skyrl import RlsandboxTextEnv
 
@@ -103,6 +109,7 @@ async def _time_async(step: Callable[[], Any], n: int) -> list[float]:
 
 
 async def bench(steps: int, rounds: int) -> dict[str, Any]:
+    from rlsandbox.integrations.slime import RlsandboxSandbox
     from rlsandbox.integrations.verl import SandboxTool
 
     samples: dict[str, list[float]] = {}
@@ -112,9 +119,12 @@ async def bench(steps: int, rounds: int) -> dict[str, Any]:
         raw_async = await client.create_session("python")
         tool = SandboxTool({"target": daemon.address})
         trajectory = await tool.create(pool="python")
+        slime = await RlsandboxSandbox(pool="python", target=daemon.address).__aenter__()
         async_steps: dict[str, Callable[[], Any]] = {
             "async raw client": lambda: raw_async.exec(COMMAND),
             "verl SandboxTool": lambda: tool.execute(trajectory, {"action": "bash", "command": COMMAND}),
+            "async raw client, bash -c": lambda: raw_async.exec(["bash", "-c", COMMAND]),
+            "slime Sandbox": lambda: slime.exec(COMMAND),
         }
         try:
             for step in sync.values():  # warm every path once
@@ -132,6 +142,7 @@ async def bench(steps: int, rounds: int) -> dict[str, Any]:
         finally:
             await tool.release(trajectory)
             await tool.client.close()
+            await slime.__aexit__(None, None, None)
             await raw_async.close()
             await asyncio.to_thread(close)
     results: dict[str, Any] = {"steps_per_round": steps, "rounds": rounds, "adapters": {}}
@@ -141,6 +152,8 @@ async def bench(steps: int, rounds: int) -> dict[str, Any]:
         "skyrl-gym": "raw client",
         "mini-swe-agent": "raw client, bash -lc",
         "verl SandboxTool": "async raw client",
+        "rLLM Sandbox": "raw client, bash -c",
+        "slime Sandbox": "async raw client, bash -c",
     }
     for name, took in samples.items():
         entry: dict[str, Any] = {"latency": summary_ms(took), "mean_ms": statistics.fmean(took) * 1e3}
