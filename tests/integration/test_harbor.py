@@ -95,3 +95,85 @@ async def test_code_under_test_that_spoils_the_reward_file_scores_zero_not_a_mas
                 await s.write_files({"greet.py": code})
                 result = await s.grade()
             assert result.status == "ok" and result.reward == 0.0, (how, result.status, result.message)
+
+
+def harbor_environment(node: NodeDaemon, mode: str = "no-network", **kwargs: object) -> object:
+    """The adapter as harbor's trial constructs it (by import path, with harbor's own arguments).
+    harbor needs Python >= 3.12, so here it runs on the adapter's stand-in base."""
+    from types import SimpleNamespace
+
+    from rlsandbox.integrations.harbor import RlsandboxEnvironment
+
+    return RlsandboxEnvironment(
+        environment_dir=FIXTURES / "fix-greeting" / "environment",
+        environment_name="fix-greeting",
+        session_id="fix-greeting__t1__env",
+        trial_paths=None,
+        task_env_config=SimpleNamespace(docker_image=None, workdir=None),
+        network_policy=SimpleNamespace(network_mode=SimpleNamespace(value=mode)),
+        persistent_env={"FROM_TRIAL": "yes"},
+        target=node.address,
+        **kwargs,
+    )
+
+
+async def test_harbor_environment_runs_a_trial_on_the_image_the_importer_built(
+    node: NodeDaemon, harbor_task: dict[str, object], tmp_path: Path
+) -> None:
+    """A harbor trial's calls, in its order: start, the agent's commands, the oracle's upload and
+    run, harbor's own verifier (tests uploaded, test.sh run, /logs/verifier downloaded), stop."""
+    from rlsandbox.integrations.harbor import RlsandboxEnvironment
+
+    env = harbor_environment(node)
+    assert isinstance(env, RlsandboxEnvironment) and RlsandboxEnvironment.type() == "rlsandbox"
+    assert env._task_image() == harbor_task["image"]  # the tag import-harbor --build gave it
+    await env.start(force_build=False)
+    try:
+        assert env.session.info.image == harbor_task["image"]
+        pwd = await env.exec("pwd; echo $FROM_TRIAL $EXTRA", env={"EXTRA": "x"})
+        assert (pwd.return_code, pwd.stdout, pwd.stderr) == (0, "/app\nyes x\n", "")
+        failed = await env.exec("echo oops >&2; exit 4", cwd="/tmp")
+        assert (failed.return_code, failed.stderr) == (4, "oops\n")
+        assert (await env.exec("sleep 5", timeout_sec=1)).return_code == 124
+        assert (await env.exec("id -un", user="nobody")).stdout == "nobody\n"
+        env.default_user = "nobody"  # what harbor sets for a task's agent user
+        assert (await env.exec("id -un")).stdout == "nobody\n"
+        assert (await env.exec("id -un", user="root")).stdout == "root\n"
+        env.default_user = None
+        await env.upload_file(FIXTURES / "fix-greeting" / "solution" / "solve.sh", "/solution/solve.sh")
+        assert (await env.exec("bash /solution/solve.sh")).return_code == 0
+        await env.upload_dir(FIXTURES / "fix-greeting" / "tests", "/tests")
+        # As harbor's verifier runs it: with [verifier] env from task.toml.
+        verify = await env.exec("mkdir -p /logs/verifier && bash /tests/test.sh", env={"GREETING_LANG": "en"}, timeout_sec=120)
+        assert verify.return_code == 0, verify.stdout
+        await env.download_dir("/logs/verifier", tmp_path / "verifier")
+        assert (tmp_path / "verifier" / "reward.txt").read_text().strip() == "1.0"
+        await env.download_file("/app/greet.py", tmp_path / "out" / "greet.py")
+        assert "Hello, {name" in (tmp_path / "out" / "greet.py").read_text()
+        with pytest.raises(FileNotFoundError):
+            await env.download_file("/no/such/file", tmp_path / "missing")
+        sid = env.session.id
+    finally:
+        await env.stop(delete=True)
+    assert sid not in node.sessions.sessions
+    with pytest.raises(RuntimeError, match="not started"):
+        await env.exec("true")
+
+
+async def test_harbor_environment_refuses_network_it_cannot_give_and_grades_a_task_in_a_clean_room(
+    node: NodeDaemon, harbor_task: dict[str, object]
+) -> None:
+    with pytest.raises(ValueError, match=r"no network.*'public'"):
+        harbor_environment(node, mode="public")
+    env = harbor_environment(node, mode="public", public_network_as_none=True, task=harbor_task)
+    await env.start(force_build=False)  # type: ignore[attr-defined]
+    try:
+        # What harbor's in-environment verifier would trust, planted by an agent that fixed nothing.
+        planted = "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt && cat /logs/verifier/reward.txt"
+        assert (await env.exec(planted)).stdout == "1\n"  # type: ignore[attr-defined]
+        grade = await env.grade()  # type: ignore[attr-defined]
+    finally:
+        await env.stop(delete=True)  # type: ignore[attr-defined]
+    # The clean room ran the task's own tests on the agent's workspace: one check of three passes.
+    assert grade.status == "ok" and grade.reward == pytest.approx(1 / 3), grade.message
+    assert not node.sessions.sessions

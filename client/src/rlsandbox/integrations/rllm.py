@@ -36,17 +36,12 @@ with a real daemon: docs/INTEGRATIONS.md.
 
 from __future__ import annotations
 
-import io
-import os
 import shlex
-import tarfile
-from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from rlsandbox.client import Client, ExecResult, GradeResult, Session
+from rlsandbox.integrations import transfer
 from rlsandbox.integrations.tools import session_options
-
-MAX_TRANSFER = 64 << 20  # bytes of one upload or download: the node's stdin and output caps
 
 
 class RlsandboxSandbox:
@@ -107,22 +102,13 @@ class RlsandboxSandbox:
 
     def upload_dir(self, local_path: str, remote_path: str) -> None:
         """Copies a file or a directory tree to ``remote_path`` (created, parents too)."""
-        remote = remote_path.rstrip("/") or "/"
-        parent, leaf = os.path.split(remote)
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(local_path, arcname=leaf or ".")
-        data = buf.getvalue()
-        if len(data) > MAX_TRANSFER:
-            raise ValueError(f"{local_path} is {len(data)} bytes as a tar: more than {MAX_TRANSFER} in one upload; split it")
-        self._run(["sh", "-c", 'mkdir -p "$1" && tar -x -o -f - -C "$1"', "upload", parent or "/"], stdin=data)
+        argv, data = transfer.upload(local_path, remote_path)
+        self._run(argv, stdin=data)
 
     def download_dir(self, remote_path: str, local_path: str) -> List[str]:
         """Copies the regular files under ``remote_path`` into ``local_path``; returns their paths."""
-        result = self._run(["tar", "-c", "-f", "-", "-C", remote_path, "."], stdout_cap=MAX_TRANSFER)
-        if result.stdout_truncated:
-            raise ValueError(f"{remote_path} is more than {MAX_TRANSFER} bytes as a tar: too large for one download")
-        return extract_regular_files(result.stdout, Path(local_path))
+        result = self._run(transfer.download(remote_path), stdout_cap=transfer.MAX_TRANSFER)
+        return transfer.downloaded(result, remote_path, local_path)
 
     def start_agent_process(self, command: str, port: int) -> None:
         """Starts ``command`` detached (its output in /tmp/agent-<port>.log); returns at once."""
@@ -171,36 +157,3 @@ class RlsandboxSandbox:
 def create_rlsandbox_sandbox(name: str, image: str = "", **kwargs: Any) -> RlsandboxSandbox:
     """A factory with rLLM's backend factories' signature (``sandbox_factory(name=, image=)``)."""
     return RlsandboxSandbox(name=name, image=image, **kwargs)
-
-
-def extract_regular_files(data: bytes, dest: Path) -> List[str]:
-    """Writes the regular files of an untrusted tar under ``dest``; anything else (links, devices,
-    absolute paths or paths through ``..``) is skipped. Returns the files written."""
-    dest = dest.resolve()
-    written: List[str] = []
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-        for member in tar:
-            if not member.isfile():
-                continue
-            parts = Path(member.name).parts
-            if not parts or Path(member.name).is_absolute() or ".." in parts:
-                continue
-            target = dest.joinpath(*[p for p in parts if p != "."])
-            if target == dest:
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            for folder in [target.parent, *target.parent.parents]:
-                if folder == dest:
-                    break
-                if folder.is_symlink():
-                    raise ValueError(f"{folder} is a symlink: refusing to write through it")
-            source = tar.extractfile(member)
-            if source is None:
-                continue
-            if target.is_symlink():
-                target.unlink()
-            with open(target, "wb") as out:
-                out.write(source.read())
-            os.chmod(target, member.mode & 0o755)
-            written.append(str(target))
-    return written

@@ -36,14 +36,12 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Union
 
-from rlsandbox.client import AsyncClient, AsyncSession, ExecResult, GradeResult
-from rlsandbox.integrations.tools import session_options
+from rlsandbox.client import AsyncClient, AsyncSession, GradeResult
+from rlsandbox.integrations.tools import ExecOutcome, outcome, session_options
 
-ExecOutcome = Tuple[int, str, str]
 FileContent = Union[str, bytes, Path]
-TIMED_OUT = 124  # the exit code of a command past its timeout, as timeout(1) has it
 
 
 class RlsandboxSandbox:
@@ -138,14 +136,3 @@ class RlsandboxSandbox:
 
 def _as_user(argv: list, user: str) -> list:
     return argv if user in ("", "root") else ["runuser", "-u", user, "--", *argv]
-
-
-def outcome(result: ExecResult) -> ExecOutcome:
-    """A command's result as ``(exit_code, stdout, stderr)``: 128 + signal for a killed command,
-    124 for one past its timeout."""
-    err = result.stderr_text
-    if result.timed_out:
-        return TIMED_OUT, result.stdout_text, err + f"\n[rlsandbox: the command timed out after {result.duration:.0f} s]"
-    if result.exit_code is None:
-        return 128 + (result.signal or 0), result.stdout_text, err
-    return result.exit_code, result.stdout_text, err

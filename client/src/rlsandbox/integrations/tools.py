@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from rlsandbox.client import ExecResult, GradeResult, Session
 
@@ -159,3 +159,18 @@ def session_options(
     elif image:
         options["image"] = image
     return options
+
+
+ExecOutcome = Tuple[int, str, str]  # (exit_code, stdout, stderr), as slime and harbor report a command
+TIMED_OUT = 124  # the exit code of a command past its timeout, as timeout(1) has it
+
+
+def outcome(result: ExecResult) -> ExecOutcome:
+    """A command's result as ``(exit_code, stdout, stderr)``: 128 + signal for a killed command,
+    124 for one past its timeout."""
+    err = result.stderr_text
+    if result.timed_out:
+        return TIMED_OUT, result.stdout_text, err + f"\n[rlsandbox: the command timed out after {result.duration:.0f} s]"
+    if result.exit_code is None:
+        return 128 + (result.signal or 0), result.stdout_text, err
+    return result.exit_code, result.stdout_text, err

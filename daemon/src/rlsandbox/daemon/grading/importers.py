@@ -3,10 +3,8 @@ Terminal-Bench task folders)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import posixpath
-import re
 import shlex
 import tomllib
 from collections.abc import Mapping
@@ -23,6 +21,7 @@ from rlsandbox.daemon.grading.task import (
     TaskSpec,
     WorkspaceSpec,
 )
+from rlsandbox.integrations.harbor_tasks import dockerfile_workdir, harbor_image, harbor_task_id
 
 
 # -- SWE-bench ------------------------------------------------------------------------------------
@@ -173,23 +172,6 @@ class HarborImage:
     context: Path
 
 
-def _dockerfile_workdir(dockerfile: str) -> str:
-    workdir = ""
-    for line in dockerfile.splitlines():
-        parts = line.strip().split(None, 1)
-        if len(parts) == 2 and parts[0].upper() == "WORKDIR":
-            value = parts[1].strip().strip('"')
-            workdir = value if value.startswith("/") else posixpath.join(workdir or "/", value)
-    return workdir
-
-
-def _folder_digest(folder: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:12]
-
-
 def is_harbor_task(folder: Path) -> bool:
     return (folder / "task.toml").is_file() and (folder / "instruction.md").is_file()
 
@@ -214,7 +196,7 @@ def from_harbor(
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise TaskError(f"{folder / 'task.toml'}: {e}") from None
     name = str((config.get("task") or {}).get("name") or folder.name)
-    task_id = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or folder.name
+    task_id = harbor_task_id(folder, name)
     verifier = config.get("verifier") or {}
     environment = config.get("environment") or {}
     tests_dir = folder / "tests"
@@ -231,12 +213,11 @@ def from_harbor(
     if environment.get("docker_image"):
         image = str(environment["docker_image"])
     elif dockerfile.is_file():
-        safe = re.sub(r"[^a-z0-9_.-]+", "-", task_id.lower()).strip("-.") or "task"
-        image = f"{image_prefix}/{safe}:{_folder_digest(dockerfile.parent)}"
+        image = harbor_image(folder, task_id, image_prefix)
         image_build = HarborImage(image, dockerfile.parent)
     else:
         raise TaskError(f"{folder}: no environment/Dockerfile and no [environment] docker_image in task.toml")
-    workspace = workdir or (_dockerfile_workdir(dockerfile.read_text()) if dockerfile.is_file() else "") or "/app"
+    workspace = workdir or (dockerfile_workdir(dockerfile.read_text()) if dockerfile.is_file() else "") or "/app"
     test_command = (
         f"rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier && cp -a {HARBOR_TESTS}/. /tests/ "
         f"&& rm -rf {HARBOR_TESTS} && bash /tests/test.sh"
