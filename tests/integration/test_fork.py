@@ -79,6 +79,11 @@ async def test_forks_equal_the_source_and_then_go_their_own_way(fclient: AsyncCl
                 assert f.info.labels == {"run": "fork-test", "branch": "x"}
                 containers = {fork_daemon.sessions.sessions[x.id].sandbox.name for x in (src, f)}  # type: ignore[union-attr]
                 assert f.info.pool == "python" and len(containers) == 2  # its own sandbox
+                # The changes reached it as a file dropped in its host folder (no copy through its
+                # agent), and nothing of that is left there.
+                sandbox = fork_daemon.sessions.sessions[f.id].sandbox
+                assert sandbox is not None and sandbox.takes_drops and sandbox.host_folder is not None
+                assert sorted(p.name for p in sandbox.host_folder.iterdir() if p.name.startswith("drop-")) == []
                 # Processes are not copied: the source's sleep runs only in the source.
                 assert (await f.exec("pgrep -x sleep || echo none")).stdout_text.strip() == "none"
                 assert (await f.exec("/workspace/run.sh")).stdout_text == "run\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from rlsandbox.daemon.agent.channel import ChunkCallback
@@ -49,7 +50,8 @@ class Sandbox:
     reset and proven clean by its agent before it serves again (``reuses`` counts that)."""
 
     __slots__ = (
-        "channel", "container_id", "created_at", "image", "mode", "name", "pool", "ready_at", "reuses", "runtime", "transport",
+        "channel", "container_id", "created_at", "host_folder", "image", "mode", "name", "pool", "ready_at", "reuses", "run_as",
+        "runtime", "transport",
     )  # fmt: skip
 
     def __init__(
@@ -63,10 +65,15 @@ class Sandbox:
         runtime: str,
         image: str,
         transport: str = "exec",
+        host_folder: Path | None = None,
+        run_as: str = "",
     ) -> None:
         """``transport``: how the daemon reaches the sandbox: "dial" (the agent dials the daemon's unix socket,
         survives a daemon restart), "attach" (the agent on the container's stdin/stdout) or
-        "exec" (Engine API exec, no agent)."""
+        "exec" (Engine API exec, no agent). ``host_folder``: its host folder (read-only inside, at
+        the agent socket's mount) where a command run as root can read a file the daemon drops
+        (agent/socket_transport.py ``dropped``); ``run_as``: the user the episode's commands run
+        as when not root (recycling pools)."""
         self.container_id = container_id
         self.name = name
         self.pool = pool
@@ -75,9 +82,17 @@ class Sandbox:
         self.runtime = runtime
         self.image = image
         self.transport = transport
+        self.host_folder = host_folder
+        self.run_as = run_as
         self.created_at = time.time()
         self.ready_at = time.monotonic()
         self.reuses = 0
+
+    @property
+    def takes_drops(self) -> bool:
+        """Whether a command reads a dropped file as it would its stdin: the sandbox has a host
+        folder, and its commands run as root (who alone can read that folder) anyway."""
+        return self.host_folder is not None and not self.run_as
 
     @property
     def alive(self) -> bool:

@@ -141,6 +141,8 @@ class SandboxFactory:
                 runtime=cspec.runtime,
                 image=cspec.image,
                 transport="dial" if socket_dir is not None else "attach" if use_agent else "exec",
+                host_folder=socket_dir,
+                run_as=cspec.run_as,
             )
             await self._setup(sandbox, spec)
             return sandbox

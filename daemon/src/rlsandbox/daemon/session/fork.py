@@ -6,7 +6,8 @@ its volumes whole (a read-only-root pool's workspace is a volume). The changed p
 a few tarballs through the engine's archive API (``plan_changes`` picks them: an added folder
 whole, a workspace folder with many changes below it whole, otherwise each changed file), and each
 fork, a sandbox of the same pool fresh from its warm pool, gets the deletions and then the
-tarballs, again through the engine. Measured against ``docker commit`` + create in
+tarballs, extracted by the fork's own ``tar`` (read from a file dropped in the fork's host folder
+where it has one). Measured against ``docker commit`` + create in
 docs/BENCHMARKS.md ("Fork").
 
 Not copied: processes and memory (a fork's processes are new: persistent shells start afresh),
@@ -23,6 +24,7 @@ import tarfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from rlsandbox.daemon.agent.socket_transport import dropped
 from rlsandbox.daemon.errors import FailedPrecondition, FileTooLarge
 from rlsandbox.daemon.model import ExecRequest
 from rlsandbox.daemon.runtime.docker import DockerRuntime
@@ -195,8 +197,13 @@ class Forker:
                 raise FailedPrecondition(f"a fork could not delete what its source deleted: {result.stderr[:300]!r}")
         if not snapshot.tar:
             return
-        untar = ExecRequest(argv=("tar", "-x", "-p", "-C", "/", "-f", "-"), stdin=snapshot.tar, timeout=self.timeout)
-        result = await sandbox.exec(untar)
+        untar = ("tar", "-x", "-p", "-C", "/", "-f")
+        folder = sandbox.host_folder if sandbox.takes_drops else None
+        if folder is not None:  # the tarball as a file in the sandbox's host folder: no copy through the agent
+            async with dropped(folder, snapshot.tar) as path:
+                result = await sandbox.exec(ExecRequest(argv=(*untar, path), timeout=self.timeout))
+        else:
+            result = await sandbox.exec(ExecRequest(argv=(*untar, "-"), stdin=snapshot.tar, timeout=self.timeout))
         if result.exit_code in (126, 127):  # no tar in the image
             await self.runtime.put_archive(sandbox.container_id, "/", snapshot.tar, timeout=self.timeout)
         elif result.exit_code != 0:
