@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, AsyncSession, FailedPreconditionError, InvalidArgumentError, NotFoundError
+from rlsandbox.daemon.agent.socket_transport import DROP_BUDGET, STAGE_PREFIX, Drop
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.errors import FileTooLarge
 from rlsandbox.daemon.grading.task import load_tasks
@@ -84,6 +85,8 @@ async def test_forks_equal_the_source_and_then_go_their_own_way(fclient: AsyncCl
                 sandbox = fork_daemon.sessions.sessions[f.id].sandbox
                 assert sandbox is not None and sandbox.takes_drops and sandbox.host_folder is not None
                 assert sorted(p.name for p in sandbox.host_folder.iterdir() if p.name.startswith("drop-")) == []
+                assert [p for p in sandbox.host_folder.parent.iterdir() if p.name.startswith(STAGE_PREFIX)] == []
+                assert Drop.budget_left == DROP_BUDGET
                 # Processes are not copied: the source's sleep runs only in the source.
                 assert (await f.exec("pgrep -x sleep || echo none")).stdout_text.strip() == "none"
                 assert (await f.exec("/workspace/run.sh")).stdout_text == "run\n"
@@ -104,6 +107,23 @@ async def test_forks_equal_the_source_and_then_go_their_own_way(fclient: AsyncCl
                 await f.close()
     listed = [s for s in fork_daemon.sessions.sessions.values() if s.options.labels.get("run") == "fork-test"]
     assert listed == []
+
+
+async def test_past_the_nodes_drop_budget_a_fork_gets_its_changes_through_stdin(
+    fclient: AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Drop, "budget_left", 0)  # as if other forks held the whole budget
+    async with fclient.session("python") as src:
+        assert (await src.exec("mkdir -p /workspace/big && head -c 300000 /dev/urandom > /workspace/big/blob")).exit_code == 0
+        digest = (await src.exec("sha256sum /workspace/big/blob")).stdout_text
+        forks = await src.fork(2)
+        try:
+            for f in forks:
+                assert (await f.exec("sha256sum /workspace/big/blob")).stdout_text == digest
+        finally:
+            for f in forks:
+                await f.close()
+    assert Drop.budget_left == 0
 
 
 async def test_each_fork_of_a_task_session_is_graded_on_its_own_work(fclient: AsyncClient) -> None:

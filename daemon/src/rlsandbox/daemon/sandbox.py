@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from rlsandbox.daemon.agent.channel import ChunkCallback
+from rlsandbox.daemon.agent.socket_transport import Drop
 from rlsandbox.daemon.model import ExecRequest, ExecResult, FileRead, FileStat, FileWrite, FileWriteResult
 
 FILE_OP_TIMEOUT = 60.0
@@ -72,7 +73,7 @@ class Sandbox:
         survives a daemon restart), "attach" (the agent on the container's stdin/stdout) or
         "exec" (Engine API exec, no agent). ``host_folder``: its host folder (read-only inside, at
         the agent socket's mount) where a command run as root can read a file the daemon drops
-        (agent/socket_transport.py ``dropped``); ``run_as``: the user the episode's commands run
+        (agent/socket_transport.py ``Drop``); ``run_as``: the user the episode's commands run
         as when not root (recycling pools)."""
         self.container_id = container_id
         self.name = name
@@ -97,6 +98,19 @@ class Sandbox:
     @property
     def alive(self) -> bool:
         return self.channel.alive
+
+    async def untar(
+        self, drop: Drop, into: str, *, timeout: float, env: Mapping[str, str] | None = None, cwd: str = ""
+    ) -> ExecResult:
+        """The sandbox's own ``tar`` extracts ``drop``'s tarball into ``into``, keeping modes: from
+        a file linked into its host folder where it takes them (no copy through the agent), from
+        its stdin otherwise."""
+        argv = ("tar", "-x", "-p", "-C", into, "-f")
+        options: dict[str, Any] = {"timeout": timeout, "env": dict(env or {}), "cwd": cwd}
+        async with drop.placed(self.host_folder if self.takes_drops else None) as path:
+            if path is None:
+                return await self.exec(ExecRequest(argv=(*argv, "-"), stdin=drop.data, **options))
+            return await self.exec(ExecRequest(argv=(*argv, path), **options))
 
     async def exec(self, req: ExecRequest, on_chunk: ChunkCallback | None = None) -> ExecResult:
         return await self.channel.exec(req, on_chunk)

@@ -7,8 +7,8 @@ sandboxes use the attach stream instead.
 
 The host side of the boundary (docs/RELIABILITY.md): each sandbox has a host folder that only the
 daemon writes, bind-mounted **read-only** into the container. The daemon's listening socket is
-the only thing in it, besides the files the daemon drops there for one command to read (a
-tarball to extract: ``dropped``), which spares copying them through the agent. A program in the
+the only thing in it, besides the files the daemon links there for one command to read (a
+tarball to extract: ``Drop``), which spares copying them through the agent. A program in the
 sandbox can connect to that socket (and is then just
 another client the daemon refuses unless it completes the handshake), but it cannot create,
 replace, redirect or fill anything on the host, so the daemon never opens, follows or removes a
@@ -31,7 +31,9 @@ from rlsandbox.daemon.errors import SandboxDied
 from rlsandbox.daemon.runtime.container import SOCKET_MOUNT
 
 READ_SIZE = 1 << 18
-DROP_PREFIX = "drop-"  # files the daemon leaves in a sandbox's host folder for one command
+DROP_PREFIX = "drop-"  # files the daemon links into a sandbox's host folder for one command
+STAGE_PREFIX = "stage-"  # a Drop's file, next to the sandboxes' folders
+DROP_BUDGET = 512 << 20  # bytes all Drops may stage at once (host /run is often a small tmpfs)
 
 
 class UnixSocketTransport:
@@ -90,23 +92,101 @@ def _write_new(path: Path, data: bytes) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
+    except BaseException:
+        os.unlink(path)
+        raise
     finally:
         os.close(fd)
 
 
-@contextlib.asynccontextmanager
-async def dropped(folder: Path, data: bytes) -> AsyncIterator[str]:
-    """``data`` as a new file in a sandbox's host ``folder``, for a command run as root in the
-    sandbox to read (the folder is 0700 and read-only there): yields its path inside the sandbox,
-    and removes it afterwards. Passing a tarball this way instead of as the command's stdin spares
-    moving it through the agent's connection (~100 ms for 10 MB, docs/BENCHMARKS.md "Fork")."""
-    name = DROP_PREFIX + secrets.token_hex(8)
-    await asyncio.to_thread(_write_new, folder / name, data)
-    try:
-        yield f"{SOCKET_MOUNT}/{name}"
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            await asyncio.to_thread(os.unlink, folder / name)
+class Drop:
+    """A tarball for sandboxes' commands to read as a file instead of their stdin, which spares
+    moving it through each agent's connection (~100 ms per 10 MB, docs/BENCHMARKS.md "Fork").
+
+    It is written once, on the host next to the sandboxes' folders (in none of them: no sandbox
+    sees it), the first time a sandbox takes it, and linked into each sandbox's own folder for one
+    command (read-only and 0700 there: only root in that sandbox reads it). However many forks
+    take one Drop, its bytes are on the host once; and all Drops together stay within
+    ``DROP_BUDGET``: past it, or if the host cannot take the file, the tarball goes as stdin.
+    Leave the ``async with`` to remove it (``sweep_stages`` removes what a crash left)."""
+
+    budget_left = DROP_BUDGET  # node-wide bytes that may be staged at once
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._staged: Path | None = None
+        self._failed = False
+        self._lock = asyncio.Lock()
+
+    async def __aenter__(self) -> Drop:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        staged, self._staged = self._staged, None
+        if staged is not None:
+            _STAGED.discard(staged)
+            Drop.budget_left += len(self.data)
+            with contextlib.suppress(FileNotFoundError):
+                await asyncio.to_thread(os.unlink, staged)
+
+    async def _stage(self, root: Path) -> Path | None:
+        async with self._lock:
+            if self._staged is None and not self._failed:
+                if len(self.data) > Drop.budget_left:
+                    return None  # this one tries again later: others may have left by then
+                path = root / (STAGE_PREFIX + secrets.token_hex(8))
+                Drop.budget_left -= len(self.data)
+                _STAGED.add(path)  # before it exists: a sweep meanwhile must not take it
+                try:
+                    await asyncio.to_thread(_write_new, path, self.data)
+                except BaseException as e:  # a full or read-only host folder (stdin it is), or cancelled
+                    Drop.budget_left += len(self.data)
+                    _STAGED.discard(path)  # a write cancelled mid-way is the next sweep's
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                    if not isinstance(e, OSError):
+                        raise
+                    self._failed = True
+                    return None
+                self._staged = path
+            return self._staged
+
+    @contextlib.asynccontextmanager
+    async def placed(self, folder: Path | None) -> AsyncIterator[str | None]:
+        """The tarball's path inside the sandbox whose host folder is ``folder``, for one command;
+        None (pass ``data`` as stdin) without a folder, past the budget, or when the host refused."""
+        staged = await self._stage(folder.parent) if folder is not None else None
+        if folder is None or staged is None:
+            yield None
+            return
+        name = DROP_PREFIX + secrets.token_hex(8)
+        try:
+            await asyncio.to_thread(os.link, staged, folder / name)
+        except OSError:
+            yield None
+            return
+        try:
+            yield f"{SOCKET_MOUNT}/{name}"
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                await asyncio.to_thread(os.unlink, folder / name)
+
+
+_STAGED: set[Path] = set()  # the staged files of live Drops, in this process
+
+
+def sweep_stages(root: Path) -> int:
+    """Remove the staged files under a node's socket ``root`` that no live Drop holds (a crash
+    left them; blocking: call from a thread). Returns how many went."""
+    gone = 0
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(root) as entries:
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.name.startswith(STAGE_PREFIX) and path not in _STAGED and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                    gone += 1
+    return gone
 
 
 class AgentListener:

@@ -15,7 +15,7 @@ import collections
 import shlex
 from collections.abc import Mapping
 
-from rlsandbox.daemon.agent.socket_transport import dropped
+from rlsandbox.daemon.agent.socket_transport import Drop
 from rlsandbox.daemon.errors import FailedPrecondition, FileTooLarge
 from rlsandbox.daemon.grading.room import TaskSetupFailed
 from rlsandbox.daemon.grading.task import Task
@@ -103,7 +103,8 @@ class Workspaces:
         ``reused``: a task's workspace, extracted again and again (its re-owned form is kept for
         the engine)."""
         if fresh:
-            run = await self._untar(sandbox, path, tar)
+            async with Drop(tar) as drop:
+                run = await sandbox.untar(drop, path, timeout=STEP_TIMEOUT, env=TAR_ENV, cwd="/")
             if run.ok:
                 return
             if run.exit_code not in NO_TAR:
@@ -114,16 +115,6 @@ class Workspaces:
         if owner is not None:
             tar = await self._owned_tar(tar, owner) if reused else await asyncio.to_thread(owned_tar, tar, *owner)
         await self.runtime.put_archive(sandbox.container_id, path, tar)
-
-    async def _untar(self, sandbox: Sandbox, path: str, tar: bytes) -> ExecResult:
-        """The sandbox's tar extracts ``tar`` into ``path``: from a file dropped in its host folder
-        where it takes them (no copy through the agent), from its stdin otherwise."""
-        untar = ("tar", "-x", "-p", "-C", path, "-f")
-        folder = sandbox.host_folder if sandbox.takes_drops else None
-        if folder is not None:
-            async with dropped(folder, tar) as dropped_path:
-                return await sandbox.exec(ExecRequest(argv=(*untar, dropped_path), cwd="/", env=TAR_ENV, timeout=STEP_TIMEOUT))
-        return await sandbox.exec(ExecRequest(argv=(*untar, "-"), cwd="/", env=TAR_ENV, stdin=tar, timeout=STEP_TIMEOUT))
 
     async def _owned_tar(self, tar: bytes, owner: tuple[int, int]) -> bytes:
         key = (*owner, len(tar), await asyncio.to_thread(hash, tar))  # bytes keep their hash once computed

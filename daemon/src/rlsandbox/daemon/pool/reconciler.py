@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 
+from rlsandbox.daemon.agent.socket_transport import STAGE_PREFIX, sweep_stages
 from rlsandbox.daemon.errors import SandboxError
 from rlsandbox.daemon.pool.factory import SandboxFactory, socket_folder_name
 from rlsandbox.daemon.runtime.docker import LABEL_CREATED, LABEL_MANAGED, LABEL_OWNER
@@ -72,10 +73,11 @@ class Reconciler:
         root = self._factory.socket_root
         if root is None:
             return
+        await asyncio.to_thread(sweep_stages, root)
         names = await asyncio.to_thread(lambda: [p.name for p in root.iterdir()] if root.is_dir() else [])
         keep = {socket_folder_name(n) for n in (*listed, *self._factory.live)}
         for name in names:
-            if name not in keep:
+            if name not in keep and not name.startswith(STAGE_PREFIX):
                 await self._factory.remove_folder_named(name)
 
     async def run(self) -> None:

@@ -24,7 +24,7 @@ import tarfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from rlsandbox.daemon.agent.socket_transport import dropped
+from rlsandbox.daemon.agent.socket_transport import Drop
 from rlsandbox.daemon.errors import FailedPrecondition, FileTooLarge
 from rlsandbox.daemon.model import ExecRequest
 from rlsandbox.daemon.runtime.docker import DockerRuntime
@@ -186,7 +186,7 @@ class Forker:
         tar = await asyncio.to_thread(merge, archives) if archives else b""
         return Snapshot(sandbox.name, tar=tar, deletes=deletes, roots=[*copies, *volumes])
 
-    async def apply(self, snapshot: Snapshot, sandbox: Sandbox) -> None:
+    async def apply(self, snapshot: Snapshot, drop: Drop, sandbox: Sandbox) -> None:
         """Make a fresh sandbox's filesystem the source's: deletions, then the one tarball, which
         the fork's own ``tar`` extracts (a fresh sandbox: its tools are the image's, and nothing
         of the source's has run there). Without ``tar`` in the image, the engine extracts it."""
@@ -197,13 +197,7 @@ class Forker:
                 raise FailedPrecondition(f"a fork could not delete what its source deleted: {result.stderr[:300]!r}")
         if not snapshot.tar:
             return
-        untar = ("tar", "-x", "-p", "-C", "/", "-f")
-        folder = sandbox.host_folder if sandbox.takes_drops else None
-        if folder is not None:  # the tarball as a file in the sandbox's host folder: no copy through the agent
-            async with dropped(folder, snapshot.tar) as path:
-                result = await sandbox.exec(ExecRequest(argv=(*untar, path), timeout=self.timeout))
-        else:
-            result = await sandbox.exec(ExecRequest(argv=(*untar, "-"), stdin=snapshot.tar, timeout=self.timeout))
+        result = await sandbox.untar(drop, "/", timeout=self.timeout)
         if result.exit_code in (126, 127):  # no tar in the image
             await self.runtime.put_archive(sandbox.container_id, "/", snapshot.tar, timeout=self.timeout)
         elif result.exit_code != 0:

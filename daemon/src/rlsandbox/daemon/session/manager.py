@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from rlsandbox.daemon import tracing
 from rlsandbox.daemon.agent.channel import ChunkCallback
+from rlsandbox.daemon.agent.socket_transport import Drop
 from rlsandbox.daemon.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, SandboxDied, Unavailable
 from rlsandbox.daemon.events.publisher import EventPublisher
 from rlsandbox.daemon.grading.grader import Grader
@@ -272,8 +273,9 @@ class SessionManager:
             idempotency_key="",
             forked_from=source.id,
         )
-        setup = functools.partial(self.forker.apply, snapshot)
-        made = await asyncio.gather(*(self.create(options, setup=setup) for _ in range(count)), return_exceptions=True)
+        async with Drop(snapshot.tar) as drop:  # on the host once, however many forks take it
+            setup = functools.partial(self.forker.apply, snapshot, drop)
+            made = await asyncio.gather(*(self.create(options, setup=setup) for _ in range(count)), return_exceptions=True)
         forks = [s for s in made if isinstance(s, Session)]
         failed = [e for e in made if isinstance(e, BaseException)]
         if failed:
