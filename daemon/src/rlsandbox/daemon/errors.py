@@ -86,6 +86,12 @@ class FileTooLarge(SandboxError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class ArchiveCutShort(FailedPrecondition):
+    """The engine's tarball of a path came back cut short, every time it was asked: something in
+    the sandbox kept shrinking a file while it was read (the engine ends such a stream early, with
+    no error, after the file it could not copy whole)."""
+
+
 class ImageNotFound(DockerError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from rlsandbox.daemon import tracing
-from rlsandbox.daemon.errors import FailedPrecondition, FileTooLarge, SandboxError
+from rlsandbox.daemon.errors import ArchiveCutShort, FailedPrecondition, FileTooLarge, SandboxError
 from rlsandbox.daemon.grading.guard import (
     GUARD_SOURCE,
     PYTEST_FORMATS,
@@ -154,6 +154,8 @@ class Grader:
             return _agents_mess(f"the workspace {ws} is over the grading limit of {self.max_workspace_bytes >> 20} MiB")
         except ReadTimedOut as e:
             return _agents_mess(f"the workspace is too slow to read: {e.message}")
+        except ArchiveCutShort as e:
+            return _agents_mess(f"the workspace cannot be read whole: {e.message}")
         prepared = rooms() if rooms is not None else None
         with tracing.span("grade.room", **{"rlsandbox.prefetched": prepared is not None}):
             room = prepared or await pool.acquire(self.acquire_timeout)

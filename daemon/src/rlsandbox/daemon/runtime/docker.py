@@ -25,6 +25,7 @@ import aiodocker
 import aiohttp
 from aiodocker.stream import Stream
 from rlsandbox.daemon.errors import (
+    ArchiveCutShort,
     ContainerNotFound,
     DeadlineExceeded,
     DockerError,
@@ -52,6 +53,49 @@ DEFAULT_SOCKET = "/var/run/docker.sock"
 EXEC_CONCURRENCY = 32
 # aiodocker reports a connection it could not make (engine stopped, socket gone) as this status.
 AIODOCKER_CONNECT_FAILED = 900
+BLOCK = 512
+ZERO_BLOCK = bytes(BLOCK)
+ARCHIVE_ATTEMPTS = 3  # reads of a path before ArchiveCutShort (one in ~100 is cut with a file rewritten nonstop)
+HEADERS_ROOM = 64 << 10  # a file's tar headers (PAX records: long names, xattrs) before its data
+
+
+def tarball_is_whole(data: bytes) -> bool:
+    """Whether ``data`` is a whole tarball: every member's data is there and the end-of-archive
+    block follows. Headers only (no data is parsed): sizes come from the ustar field, in octal or
+    base-256, or from a PAX ``size`` record, which then holds for the next member."""
+    end = len(data)
+    offset = 0
+    pax_size: int | None = None
+    while offset + BLOCK <= end:
+        header = data[offset : offset + BLOCK]
+        if header == ZERO_BLOCK:
+            return True
+        field = header[124:136]
+        if field[0] & 0x80:  # base-256 (GNU): sizes of 8 GiB and more
+            size = int.from_bytes(field[1:], "big")
+        else:
+            digits = field.split(b"\0", 1)[0].strip()
+            try:
+                size = int(digits, 8) if digits else 0
+            except ValueError:
+                return False
+        kind = header[156:157]
+        if pax_size is not None and kind not in (b"x", b"g"):
+            size, pax_size = pax_size, None
+        body = offset + BLOCK
+        if kind == b"x":
+            pax_size = _pax_size(data[body : body + size])
+        offset = body + -(-size // BLOCK) * BLOCK
+    return False
+
+
+def _pax_size(records: bytes) -> int | None:
+    for line in records.split(b"\n"):
+        _, _, record = line.partition(b" ")
+        key, _, value = record.partition(b"=")
+        if key == b"size" and value.isdigit():
+            return int(value)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,7 +410,26 @@ class DockerRuntime:
     async def get_archive(self, container_id: str, path: str, max_bytes: int, timeout: float | None = None) -> bytes:
         """A tarball of ``path`` read by the engine from the container's filesystem (no process
         inside the sandbox is involved, so nothing the sandbox runs can alter what is read).
-        Raises FileTooLarge beyond ``max_bytes``, ContainerNotFound when the path does not exist."""
+        Raises FileTooLarge beyond ``max_bytes``, ContainerNotFound when the path does not exist,
+        ArchiveCutShort when the sandbox keeps the tarball from being whole (read again first:
+        the engine ends its stream early, without an error, when a file shrinks while it is read)."""
+        for _ in range(ARCHIVE_ATTEMPTS):
+            data, whole = await self._archive(container_id, path, max_bytes, timeout)
+            if not whole:
+                raise FileTooLarge(f"{path} in the sandbox is over {max_bytes} bytes as a tarball", container_id=container_id)
+            if tarball_is_whole(data):
+                return data
+            log.info("the engine's tarball of %s in %s was cut short; reading it again", path, container_id[:12])
+        raise ArchiveCutShort(
+            f"{path} in the sandbox kept changing while it was read ({ARCHIVE_ATTEMPTS} tries, each cut short); "
+            "stop the processes writing to it, then try again",
+            container_id=container_id,
+        )
+
+    async def _archive(self, container_id: str, path: str, cap: int, timeout: float | None) -> tuple[bytes, bool]:
+        """The engine's tarball of ``path``, up to ``cap`` bytes: (bytes, whether that was all).
+        Never holds more than ``cap`` (aiodocker's own get_archive reads the whole body, and a
+        sparse file of terabytes is one ``truncate`` away)."""
         chunks: list[bytes] = []
         size = 0
         async with (
@@ -374,12 +437,13 @@ class DockerRuntime:
             self.docker._query(f"containers/{container_id}/archive", method="GET", params={"path": path}) as resp,
         ):
             async for chunk in resp.content.iter_chunked(1 << 16):
-                size += len(chunk)
-                if size > max_bytes:
+                if size + len(chunk) > cap:
+                    chunks.append(chunk[: cap - size])
                     resp.close()  # aiodocker leaves the response to us: unread, its connection must go
-                    raise FileTooLarge(f"{path} in the sandbox is over {max_bytes} bytes as a tarball", container_id=container_id)
+                    return b"".join(chunks), False
+                size += len(chunk)
                 chunks.append(chunk)
-        return b"".join(chunks)
+        return b"".join(chunks), True
 
     async def put_archive(self, container_id: str, path: str, tar: bytes, timeout: float | None = None) -> None:
         """Extract a tarball into ``path`` (an existing folder) in the container, through the engine."""
@@ -396,16 +460,25 @@ class DockerRuntime:
             pass
 
     async def get_file(self, container_id: str, path: str, max_bytes: int, timeout: float | None = None) -> tuple[bytes, int]:
-        """Read one regular file through the archive API: (first ``max_bytes`` bytes, full size)."""
-        async with self._call("archive download", timeout, container_id=container_id):
-            tar = await self.docker.containers.container(container_id).get_archive(path)
-        with tar:
-            member = tar.next()
-            if member is None or not member.isfile():
-                raise IsADirectoryError(path)
-            f = tar.extractfile(member)
-            assert f is not None
-            return f.read(max_bytes), member.size
+        """Read one regular file through the archive API: (first ``max_bytes`` bytes, full size).
+        Only the file's first ``max_bytes`` cross the engine's socket."""
+        for _ in range(ARCHIVE_ATTEMPTS):
+            data, _whole = await self._archive(container_id, path, max_bytes + HEADERS_ROOM, timeout)
+            try:
+                with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                    member = tar.next()
+                    if member is None or not member.isfile():
+                        raise IsADirectoryError(path)
+                    f = tar.extractfile(member)
+                    assert f is not None
+                    return f.read(min(max_bytes, member.size)), member.size
+            except tarfile.ReadError:  # cut short by the engine: the file shrank while it was read
+                log.info("the engine's copy of %s in %s was cut short; reading it again", path, container_id[:12])
+        raise ArchiveCutShort(
+            f"{path} in the sandbox kept changing while it was read ({ARCHIVE_ATTEMPTS} tries); "
+            "stop the processes writing to it, then try again",
+            container_id=container_id,
+        )
 
     async def stat_path(self, container_id: str, path: str, timeout: float | None = None) -> dict[str, Any] | None:
         """Stat a path through the archive API's HEAD; None when it does not exist."""
