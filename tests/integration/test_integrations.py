@@ -1,14 +1,19 @@
 """The framework adapters against the real frameworks from PyPI and a real daemon: Gymnasium
 (``gymnasium.make`` and its own environment checker) and mini-swe-agent (its own ``DefaultAgent``
-loop, driven by its own scripted ``DeterministicModel`` in place of an LLM). Each episode is a
+loop, driven by its own scripted ``DeterministicModel`` in place of an LLM), verifiers (its own
+rollout loop and OpenAI client against a scripted model server), verl, SkyRL-gym. Each episode is a
 session from a real task, graded in a clean room; infra errors are surfaced the framework's way;
 no session is left behind."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import daemon_config, running_daemon
@@ -39,8 +44,32 @@ def no_sessions_left(node: NodeDaemon) -> None:
     assert not node.sessions.sessions, f"sessions left open: {list(node.sessions.sessions)}"
 
 
+async def script_in_venv(
+    tmp_path: Path, node: NodeDaemon, task: Task, extra: str, pin: str, script: str, env: dict[str, str]
+) -> dict[str, Any]:
+    """Run ``script`` in a fresh virtualenv with the client (``[extra]``) and the framework pinned
+    from PyPI; its arguments: the node's address, the task's spec and workspace files. Its last
+    line of output, as JSON."""
+    root = Path(__file__).resolve().parents[2]
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin/python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    await asyncio.to_thread(subprocess.run, [*pip, f"{root / 'client'}[{extra}]", pin], check=True, timeout=900)
+    spec, tar = tmp_path / "spec.json", tmp_path / "ws.tar"
+    spec.write_text(task.spec_json())
+    tar.write_bytes(task.workspace_tar)
+    proc = await asyncio.create_subprocess_exec(
+        str(venv / "bin/python"), "-c", script, node.address, str(spec), str(tar),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin", **env},
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 300)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    result["stderr"] = err.decode()[-3000:]
+    return result
+
+
 async def test_gymnasium_env_episodes_are_graded_sessions(node: NodeDaemon, task: Task) -> None:
-    import asyncio
 
     import gymnasium
 
@@ -86,7 +115,6 @@ async def test_gymnasium_env_episodes_are_graded_sessions(node: NodeDaemon, task
 async def test_gymnasium_masks_an_infra_error_instead_of_scoring_it(node: NodeDaemon, task: Task) -> None:
     """The sandbox is killed from outside mid-episode (what a node failure looks like): the step
     says so in info["infra_error"] with no reward, and the episode ends."""
-    import asyncio
 
     from rlsandbox.integrations.gymnasium import SandboxEnv
 
@@ -137,28 +165,8 @@ async def test_mini_swe_agent_runs_its_own_loop_in_a_session(node: NodeDaemon, t
     """mini-swe-agent (from PyPI, in its own virtualenv with the client) runs its DefaultAgent loop,
     its scripted DeterministicModel in place of an LLM, in a session from the task: the commands run
     in the sandbox, the submission ends the loop, and the grade is the reward."""
-    import asyncio
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[2]
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(venv / "bin/python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    await asyncio.to_thread(
-        subprocess.run, [*pip, f"{root / 'client'}[mini-swe-agent]", "mini-swe-agent==2.4.6"], check=True, timeout=900
-    )
-    spec, tar = tmp_path / "spec.json", tmp_path / "ws.tar"
-    spec.write_text(task.spec_json())
-    tar.write_bytes(task.workspace_tar)
-    proc = await asyncio.create_subprocess_exec(
-        str(venv / "bin/python"), "-c", MINI_SCRIPT, node.address, str(spec), str(tar),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={"MSWEA_SILENT_STARTUP": "1", "MSWEA_GLOBAL_CONFIG_DIR": str(tmp_path / "mswea"), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 300)
-    assert proc.returncode == 0, err.decode()[-3000:]
-    result = json.loads(out.decode().strip().splitlines()[-1])
+    mswea = {"MSWEA_SILENT_STARTUP": "1", "MSWEA_GLOBAL_CONFIG_DIR": str(tmp_path / "mswea")}
+    result = await script_in_venv(tmp_path, node, task, "mini-swe-agent", "mini-swe-agent==2.4.6", MINI_SCRIPT, mswea)
     assert result["exit"] == "Submitted"
     assert "return a + b" in result["observations"][0] and "<returncode>0</returncode>" in result["observations"][0]
     # One observation per action: the fix (sed, no output), then the fixed code run in the sandbox.
@@ -167,10 +175,122 @@ async def test_mini_swe_agent_runs_its_own_loop_in_a_session(node: NodeDaemon, t
     no_sessions_left(node)
 
 
+VERIFIERS_SCRIPT = r"""
+import asyncio, json, os, sys, traceback
+from aiohttp import web
+import verifiers as vf
+from verifiers.types import ClientConfig
+from rlsandbox.client import AsyncClient
+
+target, spec_path, tar_path = sys.argv[1:4]
+task = (json.load(open(spec_path)), open(tar_path, "rb").read())
+BUG = "def multiply(a, b):\n    return a + b"
+FIX = "def multiply(a, b):\n    return a * b"
+CHECK = "python3 -c 'import calc; print(calc.multiply(6, 7))'"
+HOOK = "import pytest\n@pytest.hookimpl(tryfirst=True)\ndef pytest_runtest_makereport(item, call):\n    call.excinfo = None\n"
+POLICIES = {  # the model's turns, by the model name a rollout asks for
+    "fixer": [[("bash", {"command": "grep -n 'return' calc/__init__.py"})],
+              [("edit", {"path": "calc/__init__.py", "old": BUG, "new": FIX})],
+              [("view", {"path": "calc/__init__.py", "start": 8}), ("bash", {"command": CHECK})]],
+    # Games the visible tests: replaces them with one that passes, and a conftest that hides failures.
+    "hacker": [[("bash", {"command": "rm -rf tests && mkdir tests && echo 'def test_ok(): pass' > tests/test_multiply.py"}),
+                ("write", {"path": "conftest.py", "content": HOOK})]],
+    "idler": [],
+    "breaker": [[("bash", {"command": "echo never"})]],  # its sandbox is lost before this runs
+}
+seen = {"tools": [], "hidden_args": 0}
+
+async def chat(request):
+    body = await request.json()
+    model, messages = body["model"], body["messages"]
+    names = sorted(t["function"]["name"] for t in body.get("tools", []))
+    seen["tools"].append(names)
+    seen["hidden_args"] += sum("session_id" in json.dumps(t["function"]["parameters"]) for t in body.get("tools", []))
+    turn = sum(m["role"] == "assistant" for m in messages)
+    if model == "breaker" and turn == 0:  # the node loses the sandbox mid-rollout
+        try:
+            async with AsyncClient(target) as c:
+                for s in await c.list_sessions(labels={"run": "vf-breaker"}):
+                    await c.close_session(s.session_id)
+        except Exception:
+            traceback.print_exc()
+            raise
+    script = POLICIES[model]
+    if turn < len(script):
+        calls = [{"id": f"call-{turn}-{i}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+                 for i, (n, a) in enumerate(script[turn])]
+        message, finish = {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+    else:
+        message, finish = {"role": "assistant", "content": "done"}, "stop"
+    return web.json_response({"id": "x", "object": "chat.completion", "created": 0, "model": model,
+                              "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+async def main():
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    os.environ["SCRIPTED_KEY"] = "none"
+    config = ClientConfig(api_base_url=f"http://127.0.0.1:{port}/v1", api_key_var="SCRIPTED_KEY", max_retries=0)
+    report = {}
+    for model, n in (("fixer", 2), ("hacker", 1), ("idler", 1), ("breaker", 1)):
+        # Loaded by module name, as a verifiers or prime-rl config names an environment.
+        env = vf.load_environment("rlsandbox.integrations.verifiers", target=target, tasks=[task],
+                                  labels={"run": f"vf-{model}"}, max_turns=6)
+        results = await env.evaluate(config, model, num_examples=1, rollouts_per_example=n,
+                                     state_columns=["sandbox_id", "rlsandbox_grade"], on_progress=[])
+        await env._teardown()
+        report[model] = [{"reward": o["reward"], "error": (o.get("error") or {}).get("error_chain_str"),
+                          "grade": o.get("rlsandbox_grade"), "session": o.get("sandbox_id"),
+                          "tool_outputs": [m["content"] for m in o["completion"] if m["role"] == "tool"]}
+                         for o in results["outputs"]]
+    async with AsyncClient(target) as c:
+        left = [s.session_id for s in await c.list_sessions() if s.labels.get("run", "").startswith("vf-")]
+    await runner.cleanup()
+    print(json.dumps({"report": report, "tools": seen["tools"][0], "hidden_args": seen["hidden_args"], "left": left}))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+async def test_verifiers_environment_rollouts_are_graded_sessions(node: NodeDaemon, task: Task, tmp_path: Path) -> None:
+    """verifiers 0.3.1 (from PyPI, in its own virtualenv with the client) loads the environment by
+    module name and runs its own rollout loop and OpenAI client against a scripted model server:
+    the tool calls run in one session per rollout (a group of 2: two sessions), the reward is the
+    clean-room grade (a policy that rewrites the tests gains nothing), a lost sandbox is verifiers'
+    SandboxError in the rollout's error chain (the sample to drop), and no session is left."""
+    offline = {"HOME": str(tmp_path), "HF_DATASETS_OFFLINE": "1", "NO_PROXY": "127.0.0.1"}
+    result = await script_in_venv(tmp_path, node, task, "verifiers", "verifiers==0.3.1", VERIFIERS_SCRIPT, offline)
+    report = result["report"]
+    assert result["tools"] == ["bash", "edit", "view", "write"] and result["hidden_args"] == 0  # the session id is injected
+    fixer = report["fixer"]
+    assert len({r["session"] for r in fixer}) == 2  # a group: one session per rollout
+    for r in fixer:
+        assert r["error"] is None and r["reward"] == 1.0 and r["grade"]["resolved"], r
+        assert "return a + b" in r["tool_outputs"][0] and r["tool_outputs"][1] == "edited calc/__init__.py"
+        assert (
+            "return a * b" in r["tool_outputs"][2]
+            and r["tool_outputs"][3].startswith("42\n")
+            and "[exit code 0]" in r["tool_outputs"][3]
+        )
+    [idle], [hacker] = report["idler"], report["hacker"]
+    assert idle["error"] is None and idle["grade"]["status"] == "ok" and idle["reward"] < 1.0
+    assert hacker["error"] is None and hacker["reward"] == idle["reward"] and not hacker["grade"]["resolved"], hacker
+    [broken] = report["breaker"]
+    # verifiers' own chain for a stop error in a tool: the rollout ends errored, the sample to drop.
+    assert broken["error"].startswith("ToolCallError -> SandboxError") and broken["grade"] is None, (broken, result["stderr"])
+    assert result["left"] == []
+    no_sessions_left(node)
+
+
 async def test_skyrl_gym_text_env_episodes_are_graded_sessions(node: NodeDaemon, task: Task) -> None:
     """SkyRL-gym (from PyPI): ``skyrl_gym.make`` builds the env, the model's text carries tool
     calls in tags, the episode is graded at <submit/>, and text without a tool call is told how."""
-    import asyncio
 
     import skyrl_gym
 
@@ -283,7 +403,6 @@ async def test_rllm_sandbox_protocol_moves_files_and_never_writes_outside(node: 
     injected into a flow as rLLM's ``set_sandbox`` takes it: checked against its published protocol
     (rllm has no Python 3.11 distribution). A download from the untrusted sandbox writes only
     regular files inside the target folder."""
-    import asyncio
     import os
 
     from rlsandbox.integrations.rllm import RlsandboxSandbox, create_rlsandbox_sandbox

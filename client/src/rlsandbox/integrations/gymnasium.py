@@ -19,7 +19,6 @@ Registered as ``rlsandbox/Sandbox-v0``: ``gymnasium.make("rlsandbox/Sandbox-v0",
 
 from __future__ import annotations
 
-import json
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium
@@ -80,7 +79,7 @@ class SandboxEnv(gymnasium.Env):  # type: ignore[type-arg]
             self.task_index = int(index) if index is not None else int(self.np_random.integers(len(self.tasks)))
             task = self.tasks[self.task_index]
             self.session = self.client.create_session(task=task, labels=self.labels)
-            statement = _statement(task)
+            statement = tools.task_statement(task)
         else:
             self.task_index = None
             self.session = self.client.create_session(self.pool, labels=self.labels)
@@ -123,21 +122,6 @@ class SandboxEnv(gymnasium.Env):  # type: ignore[type-arg]
         if self.session is not None:
             session, self.session = self.session, None
             session.close()
-
-
-def _statement(task: Any) -> str:
-    """The task's problem statement, whatever form the task was given in ('' for a bare ref)."""
-    if isinstance(task, tuple) and len(task) == 2:
-        task = task[0]
-    if isinstance(task, str):
-        try:
-            task = json.loads(task)
-        except ValueError:
-            return ""
-    if isinstance(task, dict):
-        return str(task.get("problem_statement", ""))
-    spec = getattr(task, "spec", None)
-    return str(getattr(spec, "problem_statement", "") or "")
 
 
 gymnasium.register(id="rlsandbox/Sandbox-v0", entry_point="rlsandbox.integrations.gymnasium:SandboxEnv", disable_env_checker=True)

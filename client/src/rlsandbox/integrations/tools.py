@@ -1,5 +1,6 @@
 """Tool calls an agent makes in a sandbox, shared by the adapters: ``bash``, ``view``, ``edit``,
-``write`` and ``submit``, over a blocking :class:`rlsandbox.client.Session`. Each returns the text
+``write`` and ``submit``, over a blocking :class:`rlsandbox.client.Session` (``run``) or an
+:class:`rlsandbox.client.AsyncSession` (``arun``). Each returns the text
 the model reads next; a tool used wrongly (a missing file, an edit whose text is not found once)
 is an observation saying so, never an exception: it is the policy's mistake, not the sandbox's.
 
@@ -14,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple, Union
 
-from rlsandbox.client import ExecResult, GradeResult, Session
+from rlsandbox.client import AsyncSession, ExecResult, GradeResult, Session
 
 ToolCall = Union[str, Dict[str, Any]]
 MAX_VIEW = 400  # lines a view shows at most
@@ -66,13 +67,10 @@ def run(session: Session, call: ToolCall, *, timeout: float = 120.0, cwd: str = 
     c = parse(call)
     tool = c.get("tool")
     if tool == "bash":
-        command = c.get("command")
-        if not isinstance(command, str) or not command.strip():
-            return Observation("bash needs a non-empty 'command'")
-        kwargs: Dict[str, Any] = {"timeout": float(c.get("timeout") or timeout)}
-        if cwd or c.get("cwd"):
-            kwargs["cwd"] = c.get("cwd") or cwd
-        result = session.exec(command, **kwargs)
+        kwargs = _bash(c, timeout, cwd)
+        if isinstance(kwargs, Observation):
+            return kwargs
+        result = session.exec(kwargs.pop("command"), **kwargs)
         return Observation(describe(result), result.exit_code)
     if tool == "view":
         return _view(session, c)
@@ -90,13 +88,21 @@ def run(session: Session, call: ToolCall, *, timeout: float = 120.0, cwd: str = 
     return Observation(f"unknown tool {tool!r}: use bash, view, edit, write or submit")
 
 
+def _bash(c: Dict[str, Any], timeout: float, cwd: str) -> Union[Dict[str, Any], Observation]:
+    """A bash call's exec arguments (``command`` among them), or what is wrong with it."""
+    command = c.get("command")
+    if not isinstance(command, str) or not command.strip():
+        return Observation("bash needs a non-empty 'command'")
+    kwargs: Dict[str, Any] = {"command": command, "timeout": float(c.get("timeout") or timeout)}
+    if cwd or c.get("cwd"):
+        kwargs["cwd"] = c.get("cwd") or cwd
+    return kwargs
+
+
 def _read(session: Session, path: Any) -> Union[str, Observation]:
     if not isinstance(path, str) or not path:
         return Observation("a 'path' (string) is needed")
-    found = session.read_files([path]).get(path)
-    if found is None or found.error:
-        return Observation(f"cannot read {path}: {found.error if found else 'not found'}")
-    return found.data.decode("utf-8", errors="replace")
+    return read_text(path, session.read_files([path]).get(path))
 
 
 def _view(session: Session, c: Dict[str, Any]) -> Observation:
@@ -115,9 +121,58 @@ def _edit(session: Session, c: Dict[str, Any]) -> Observation:
     return Observation(f"edited {c['path']}")
 
 
+async def arun(session: AsyncSession, call: ToolCall, *, timeout: float = 120.0, cwd: str = "", seq: int = 0) -> Observation:
+    """``run`` over an async session; ``seq``: the call's step number (a retried call never runs twice)."""
+    c = parse(call)
+    tool = c.get("tool")
+    if tool == "bash":
+        kwargs = _bash(c, timeout, cwd)
+        if isinstance(kwargs, Observation):
+            return kwargs
+        if seq:
+            kwargs["seq"] = seq
+        result = await session.exec(kwargs.pop("command"), **kwargs)
+        return Observation(describe(result), result.exit_code)
+    if tool in ("view", "edit"):
+        path = c.get("path")
+        text = await _aread(session, path)
+        if isinstance(text, Observation):
+            return text
+        if tool == "view":
+            return view_text(text, c)
+        changed = edited(text, c)
+        if isinstance(changed, Observation):
+            return changed
+        await session.write_files({str(path): changed})
+        return Observation(f"edited {path}")
+    if tool == "write":
+        path, content = c.get("path"), c.get("content")
+        if not isinstance(path, str) or not isinstance(content, str):
+            return Observation("write needs 'path' and 'content' (strings)")
+        await session.write_files({path: content})
+        return Observation(f"wrote {len(content.encode())} bytes to {path}")
+    if tool == "submit":
+        grade = await session.grade()
+        return Observation(submitted(grade), grade=grade)
+    return Observation(f"unknown tool {tool!r}: use bash, view, edit, write or submit")
+
+
+async def _aread(session: AsyncSession, path: Any) -> Union[str, Observation]:
+    if not isinstance(path, str) or not path:
+        return Observation("a 'path' (string) is needed")
+    return read_text(path, (await session.read_files([path])).get(path))
+
+
 # -- the pure parts, shared with the async adapters --------------------------------------------
 def submitted(grade: GradeResult) -> str:
     return f"submitted: {grade.status}" + (f", reward {grade.reward}" if grade.reward is not None else f" ({grade.message})")
+
+
+def read_text(path: str, found: Any) -> Union[str, Observation]:
+    """A file read back (a ``FileRead`` or None) as text, or why it could not be read."""
+    if found is None or found.error:
+        return Observation(f"cannot read {path}: {found.error if found else 'not found'}")
+    return str(found.data.decode("utf-8", errors="replace"))
 
 
 def view_text(text: str, c: Dict[str, Any]) -> Observation:
@@ -139,6 +194,21 @@ def edited(text: str, c: Dict[str, Any]) -> Union[str, Observation]:
     if found != 1:
         return Observation(f"'old' occurs {found} times in {c.get('path')}; it must occur exactly once (add context)")
     return text.replace(old, new, 1)
+
+
+def task_statement(task: Any) -> str:
+    """A task's problem statement, whatever form the task was given in ('' for a bare ref)."""
+    if isinstance(task, tuple) and len(task) == 2:
+        task = task[0]
+    if isinstance(task, str):
+        try:
+            task = json.loads(task)
+        except ValueError:
+            return ""
+    if isinstance(task, dict):
+        return str(task.get("problem_statement", ""))
+    spec = getattr(task, "spec", None)
+    return str(getattr(spec, "problem_statement", "") or "")
 
 
 def session_options(

@@ -25,6 +25,7 @@ import uuid
 from typing import Any, Dict, Optional, Tuple
 
 from rlsandbox.client import AsyncClient, AsyncSession, GradeResult, SandboxAbortedError
+from rlsandbox.integrations import tools
 
 try:  # verl's base class when verl is installed; the same interface otherwise
     from verl.tools.base_tool import BaseTool as _Base
@@ -89,7 +90,7 @@ class SandboxTool(_Base):  # type: ignore[misc,valid-type]
             return f"no sandbox for {instance_id}: call create first", 0.0, {"error": "no_instance"}
         call = {**parameters, "tool": parameters.get("action", parameters.get("tool", ""))}
         try:
-            obs = await _run(session, call)
+            obs = await tools.arun(session, call)
         except SandboxAbortedError as e:
             self.infra_error[instance_id] = e.message
             return f"the sandbox was lost: {e.message}", 0.0, {"infra_error": True}
@@ -113,47 +114,3 @@ class SandboxTool(_Base):  # type: ignore[misc,valid-type]
         self._grades.pop(instance_id, None)
         if session is not None:
             await session.close()
-
-
-async def _run(session: AsyncSession, call: Dict[str, Any]) -> Any:
-    """tools.run over the async session (the tool calls of rlsandbox.integrations.tools)."""
-    from rlsandbox.integrations import tools
-
-    tool = call.get("tool")
-    if tool == "bash":
-        command = call.get("command")
-        if not isinstance(command, str) or not command.strip():
-            return tools.Observation("bash needs a non-empty 'command'")
-        result = await session.exec(command, timeout=float(call.get("timeout") or 120.0))
-        return tools.Observation(tools.describe(result), result.exit_code)
-    if tool == "submit":
-        grade = await session.grade()
-        return tools.Observation(tools.submitted(grade), grade=grade)
-    if tool in ("view", "edit", "write"):
-        path = call.get("path")
-        if not isinstance(path, str) or not path:
-            return tools.Observation(f"{tool} needs a 'path'")
-        if tool == "write":
-            content = call.get("content")
-            if not isinstance(content, str):
-                return tools.Observation("write needs 'content'")
-            await session.write_files({path: content})
-            return tools.Observation(f"wrote {len(content.encode())} bytes to {path}")
-        found = (await session.read_files([path])).get(path)
-        if found is None or found.error:
-            return tools.Observation(f"cannot read {path}: {found.error if found else 'not found'}")
-        text = found.data.decode("utf-8", errors="replace")
-        if tool == "view":
-            return tools.view_text(text, call)
-        return await _edit(session, path, text, call)
-    return tools.Observation(f"unknown action {tool!r}: use bash, view, edit, write or submit")
-
-
-async def _edit(session: AsyncSession, path: str, text: str, call: Dict[str, Any]) -> Any:
-    from rlsandbox.integrations import tools
-
-    outcome = tools.edited(text, call)
-    if isinstance(outcome, tools.Observation):
-        return outcome
-    await session.write_files({path: outcome})
-    return tools.Observation(f"edited {path}")
