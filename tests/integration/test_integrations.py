@@ -452,3 +452,35 @@ async def test_rllm_sandbox_protocol_moves_files_and_never_writes_outside(node: 
     with pytest.raises(ValueError, match="image, a pool or a task"):
         RlsandboxSandbox(name="x")
     no_sessions_left(node)
+
+
+MISUSES = [  # a model's arguments, and what it reads back instead of an error
+    ({"tool": "bash", "command": "true", "timeout": 1e9}, "refused by the sandbox: timeout of 1e+09 s is over"),
+    ({"tool": "bash", "command": "true", "timeout": "soon"}, "'timeout' must be a positive number"),
+    ({"tool": "bash", "command": "true", "timeout": -3}, "'timeout' must be a positive number"),
+    ({"tool": "bash", "command": "true", "cwd": ["/"]}, "'cwd' must be a path"),
+    ({"tool": "view", "path": "calc/__init__.py", "start": "top"}, "must be line numbers"),
+    ({"tool": "view", "path": "calc/\x00x"}, "refused by the sandbox"),
+    ({"tool": "write", "path": "a\x00b", "content": "x"}, "refused by the sandbox"),
+]
+
+
+async def test_a_policys_bad_arguments_are_observations_never_errors(node: NodeDaemon, task: Task) -> None:
+    """What the model's tool arguments cause (a timeout over the node's limit, a path with a NUL)
+    is the policy's mistake: an observation it reads, never an error that would drop the sample as
+    the node's; the same through the blocking and the async tool layer."""
+    from rlsandbox.client import AsyncClient, Client
+    from rlsandbox.integrations import tools
+
+    async with AsyncClient(node.address) as c, c.session(task=task) as s:
+        for call, said in MISUSES:
+            assert said in (await tools.arun(s, call)).text, call
+        assert "[exit code 0]" in (await tools.arun(s, {"tool": "bash", "command": "true", "timeout": "5"})).text
+
+    def blocking() -> None:
+        with Client(node.address) as c, c.session(task=task) as s:
+            for call, said in MISUSES:
+                assert said in tools.run(s, call).text, call
+
+    await asyncio.to_thread(blocking)
+    no_sessions_left(node)

@@ -12,10 +12,11 @@ other text a bash command.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple, Union
 
-from rlsandbox.client import AsyncSession, ExecResult, GradeResult, Session
+from rlsandbox.client import AsyncSession, ExecResult, GradeResult, InvalidArgumentError, Session
 
 ToolCall = Union[str, Dict[str, Any]]
 MAX_VIEW = 400  # lines a view shows at most
@@ -63,8 +64,16 @@ def describe(result: ExecResult) -> str:
 
 
 def run(session: Session, call: ToolCall, *, timeout: float = 120.0, cwd: str = "") -> Observation:
-    """Run one tool call in ``session``."""
-    c = parse(call)
+    """Run one tool call in ``session``. Arguments the node refuses (INVALID_ARGUMENT: a timeout
+    over its limit, a path it cannot take) are the policy's doing: an observation, as a misused
+    tool is; every other error is the node's and is raised."""
+    try:
+        return _run(session, parse(call), timeout, cwd)
+    except InvalidArgumentError as e:
+        return refused(e)
+
+
+def _run(session: Session, c: Dict[str, Any], timeout: float, cwd: str) -> Observation:
     tool = c.get("tool")
     if tool == "bash":
         kwargs = _bash(c, timeout, cwd)
@@ -93,7 +102,12 @@ def _bash(c: Dict[str, Any], timeout: float, cwd: str) -> Union[Dict[str, Any], 
     command = c.get("command")
     if not isinstance(command, str) or not command.strip():
         return Observation("bash needs a non-empty 'command'")
-    kwargs: Dict[str, Any] = {"command": command, "timeout": float(c.get("timeout") or timeout)}
+    seconds = number(c.get("timeout"))
+    if seconds is None or seconds < 0:
+        return Observation("bash's 'timeout' must be a positive number of seconds")
+    if c.get("cwd") is not None and not isinstance(c.get("cwd"), str):
+        return Observation("bash's 'cwd' must be a path (a string)")
+    kwargs: Dict[str, Any] = {"command": command, "timeout": seconds or timeout}
     if cwd or c.get("cwd"):
         kwargs["cwd"] = c.get("cwd") or cwd
     return kwargs
@@ -123,7 +137,13 @@ def _edit(session: Session, c: Dict[str, Any]) -> Observation:
 
 async def arun(session: AsyncSession, call: ToolCall, *, timeout: float = 120.0, cwd: str = "", seq: int = 0) -> Observation:
     """``run`` over an async session; ``seq``: the call's step number (a retried call never runs twice)."""
-    c = parse(call)
+    try:
+        return await _arun(session, parse(call), timeout, cwd, seq)
+    except InvalidArgumentError as e:
+        return refused(e)
+
+
+async def _arun(session: AsyncSession, c: Dict[str, Any], timeout: float, cwd: str, seq: int) -> Observation:
     tool = c.get("tool")
     if tool == "bash":
         kwargs = _bash(c, timeout, cwd)
@@ -175,11 +195,31 @@ def read_text(path: str, found: Any) -> Union[str, Observation]:
     return str(found.data.decode("utf-8", errors="replace"))
 
 
+def refused(e: InvalidArgumentError) -> Observation:
+    return Observation(f"refused by the sandbox: {e.message}")
+
+
+def number(value: Any) -> Optional[float]:
+    """A model's numeric argument: absent or empty is 0; None when it is not a finite number."""
+    if value is None or value == "":
+        return 0.0
+    if isinstance(value, bool):
+        return None
+    try:
+        n = float(value)
+    except (TypeError, ValueError):
+        return None
+    return n if math.isfinite(n) else None
+
+
 def view_text(text: str, c: Dict[str, Any]) -> Observation:
     """A file's lines ``start`` to ``end`` (1-based), numbered, at most MAX_VIEW of them."""
     lines = text.splitlines()
-    start = max(int(c.get("start") or 1), 1)
-    end = min(int(c.get("end") or len(lines)), start + MAX_VIEW - 1, len(lines))
+    first, last = number(c.get("start")), number(c.get("end"))
+    if first is None or last is None:
+        return Observation("view's 'start' and 'end' must be line numbers")
+    start = max(int(first or 1), 1)
+    end = min(int(last or len(lines)), start + MAX_VIEW - 1, len(lines))
     shown = "\n".join(f"{n:6d}\t{lines[n - 1]}" for n in range(start, end + 1))
     more = f"\n[{len(lines) - end} more lines: view with start={end + 1}]" if end < len(lines) else ""
     return Observation(shown + more)
