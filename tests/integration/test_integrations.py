@@ -112,9 +112,11 @@ async def test_gymnasium_env_episodes_are_graded_sessions(node: NodeDaemon, task
     no_sessions_left(node)
 
 
-async def test_gymnasium_masks_an_infra_error_instead_of_scoring_it(node: NodeDaemon, task: Task) -> None:
+@pytest.mark.parametrize("noticed", [False, True], ids=["step-meets-the-death", "session-already-ended"])
+async def test_gymnasium_masks_an_infra_error_instead_of_scoring_it(node: NodeDaemon, task: Task, noticed: bool) -> None:
     """The sandbox is killed from outside mid-episode (what a node failure looks like): the step
-    says so in info["infra_error"] with no reward, and the episode ends."""
+    says so in info["infra_error"] with no reward, and the episode ends; whether the step meets the
+    death (ABORTED) or the node has already ended the session (NOT_FOUND: a CI run met this race)."""
 
     from rlsandbox.integrations.gymnasium import SandboxEnv
 
@@ -124,6 +126,10 @@ async def test_gymnasium_masks_an_infra_error_instead_of_scoring_it(node: NodeDa
         sandbox = node.sessions.sessions[info["session_id"]].sandbox
         assert sandbox is not None
         await node.runtime.docker.containers.container(sandbox.container_id).kill()
+        for _ in range(100 if noticed else 0):
+            if info["session_id"] not in node.sessions.sessions:
+                break
+            await asyncio.sleep(0.1)
         _, reward, terminated, _, step_info = await asyncio.to_thread(env.step, "true")
     finally:
         await asyncio.to_thread(env.close)

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium
 from gymnasium import spaces
-from rlsandbox.client import Client, SandboxAbortedError, Session
+from rlsandbox.client import Client, SandboxRPCError, Session
 from rlsandbox.integrations import tools
 
 MAX_TEXT = 1 << 20
@@ -93,16 +93,16 @@ class SandboxEnv(gymnasium.Env):  # type: ignore[type-arg]
         self.steps += 1
         # The session's id is in reset()'s info: a step's info is a function of the episode's actions.
         info: Dict[str, Any] = {"step": self.steps}
+        truncated = False
         try:
             obs = tools.run(self.session, action, timeout=self.step_timeout)
-        except SandboxAbortedError as e:  # the sandbox died: not the policy's score
+            if obs.grade is None and self.steps >= self.max_steps and self.tasks:
+                truncated = True
+                obs = tools.Observation(obs.text + f"\n[step limit {self.max_steps} reached: graded]", grade=self.session.grade())
+        except SandboxRPCError as e:  # the node's (the policy's own are observations): not the policy's score
             info["infra_error"] = e.message
             self._end()
             return f"the sandbox was lost: {e.message}", 0.0, True, False, info
-        truncated = False
-        if obs.grade is None and self.steps >= self.max_steps and self.tasks:
-            truncated = True
-            obs = tools.Observation(obs.text + f"\n[step limit {self.max_steps} reached: graded]", grade=self.session.grade())
         if obs.grade is None:
             info["exit_code"] = obs.exit_code
             return obs.text, 0.0, False, truncated, info
@@ -121,7 +121,10 @@ class SandboxEnv(gymnasium.Env):  # type: ignore[type-arg]
     def _end(self) -> None:
         if self.session is not None:
             session, self.session = self.session, None
-            session.close()
+            try:
+                session.close()
+            except SandboxRPCError:  # the node is gone: its reconciler removes the sandbox
+                pass
 
 
 gymnasium.register(id="rlsandbox/Sandbox-v0", entry_point="rlsandbox.integrations.gymnasium:SandboxEnv", disable_env_checker=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from rlsandbox.client import Client, SandboxAbortedError, Session
+from rlsandbox.client import Client, SandboxRPCError, Session
 from rlsandbox.integrations import tools
 from skyrl_gym import register
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
@@ -85,7 +85,7 @@ class RlsandboxTextEnv(BaseTextEnv):  # type: ignore[misc]
             obs = tools.run(self.session, call, timeout=self.step_timeout) if call is not None else tools.Observation(HOW)
             if obs.grade is None and self.turns >= self.max_turns and self.task is not None:
                 obs = tools.Observation(obs.text + f"\n[turn limit {self.max_turns} reached: graded]", grade=self.session.grade())
-        except SandboxAbortedError as e:
+        except SandboxRPCError as e:  # the node's (the policy's own are observations): not the policy's score
             metadata["infra_error"] = e.message
             self._end()
             return BaseTextEnvStepOutput(observations=[], reward=0.0, done=True, metadata=metadata)
@@ -115,7 +115,10 @@ class RlsandboxTextEnv(BaseTextEnv):  # type: ignore[misc]
     def _end(self) -> None:
         if self.session is not None:
             session, self.session = self.session, None
-            session.close()
+            try:
+                session.close()
+            except SandboxRPCError:  # the node is gone: its reconciler removes the sandbox
+                pass
 
 
 register(id="rlsandbox", entry_point="rlsandbox.integrations.skyrl:RlsandboxTextEnv")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Dict, Optional, Tuple
 
-from rlsandbox.client import AsyncClient, AsyncSession, GradeResult, SandboxAbortedError
+from rlsandbox.client import AsyncClient, AsyncSession, GradeResult, SandboxRPCError
 from rlsandbox.integrations import tools
 
 try:  # verl's base class when verl is installed; the same interface otherwise
@@ -91,7 +91,7 @@ class SandboxTool(_Base):  # type: ignore[misc,valid-type]
         call = {**parameters, "tool": parameters.get("action", parameters.get("tool", ""))}
         try:
             obs = await tools.arun(session, call)
-        except SandboxAbortedError as e:
+        except SandboxRPCError as e:  # the node's (the policy's own are observations): mask the trajectory
             self.infra_error[instance_id] = e.message
             return f"the sandbox was lost: {e.message}", 0.0, {"infra_error": True}
         if obs.grade is not None:
