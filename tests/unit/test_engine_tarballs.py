@@ -57,3 +57,21 @@ def test_a_member_bigger_than_what_follows_is_a_cut_whatever_the_size_encoding()
 def test_garbage_is_not_a_tarball() -> None:
     assert not tarball_is_whole(b"")
     assert not tarball_is_whole(b"\xff" * 4 * BLOCK)
+
+
+def test_a_file_name_cannot_forge_the_size_of_its_member() -> None:
+    """A PAX ``path`` record holds the name as it is, newlines and all: a name carrying what looks
+    like a ``size`` record neither hides a cut nor invents one."""
+    forged = "ws/" + "n" * 120 + "\n22 size=99999999999\n"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in [(forged, b"x" * 600), ("ws/after.txt", b"after\n")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        end = buf.tell()
+    data = buf.getvalue()
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert forged in tar.getnames()
+    assert tarball_is_whole(data)
+    assert not tarball_is_whole(data[: end - 3 * BLOCK])
