@@ -81,16 +81,18 @@ def _run(session: Session, c: Dict[str, Any], timeout: float, cwd: str) -> Obser
             return kwargs
         result = session.exec(kwargs.pop("command"), **kwargs)
         return Observation(describe(result), result.exit_code)
-    if tool == "view":
-        return _view(session, c)
-    if tool == "edit":
-        return _edit(session, c)
+    if tool in ("view", "edit"):
+        text = _read(session, c.get("path"))
+        outcome = text if isinstance(text, Observation) else view_or_edit(text, c)
+        if isinstance(outcome, str):
+            session.write_files({c["path"]: outcome})
+            return Observation(f"edited {c['path']}")
+        return outcome
     if tool == "write":
-        path, content = c.get("path"), c.get("content")
-        if not isinstance(path, str) or not isinstance(content, str):
+        if not isinstance(c.get("path"), str) or not isinstance(c.get("content"), str):
             return Observation("write needs 'path' and 'content' (strings)")
-        session.write_files({path: content})
-        return Observation(f"wrote {len(content.encode())} bytes to {path}")
+        session.write_files({c["path"]: c["content"]})
+        return Observation(f"wrote {len(c['content'].encode())} bytes to {c['path']}")
     if tool == "submit":
         grade = session.grade()
         return Observation(submitted(grade), grade=grade)
@@ -119,22 +121,6 @@ def _read(session: Session, path: Any) -> Union[str, Observation]:
     return read_text(path, session.read_files([path]).get(path))
 
 
-def _view(session: Session, c: Dict[str, Any]) -> Observation:
-    text = _read(session, c.get("path"))
-    return text if isinstance(text, Observation) else view_text(text, c)
-
-
-def _edit(session: Session, c: Dict[str, Any]) -> Observation:
-    text = _read(session, c.get("path"))
-    if isinstance(text, Observation):
-        return text
-    outcome = edited(text, c)
-    if isinstance(outcome, Observation):
-        return outcome
-    session.write_files({c["path"]: outcome})
-    return Observation(f"edited {c['path']}")
-
-
 async def arun(session: AsyncSession, call: ToolCall, *, timeout: float = 120.0, cwd: str = "", seq: int = 0) -> Observation:
     """``run`` over an async session; ``seq``: the call's step number (a retried call never runs twice)."""
     try:
@@ -154,23 +140,17 @@ async def _arun(session: AsyncSession, c: Dict[str, Any], timeout: float, cwd: s
         result = await session.exec(kwargs.pop("command"), **kwargs)
         return Observation(describe(result), result.exit_code)
     if tool in ("view", "edit"):
-        path = c.get("path")
-        text = await _aread(session, path)
-        if isinstance(text, Observation):
-            return text
-        if tool == "view":
-            return view_text(text, c)
-        changed = edited(text, c)
-        if isinstance(changed, Observation):
-            return changed
-        await session.write_files({str(path): changed})
-        return Observation(f"edited {path}")
+        text = await _aread(session, c.get("path"))
+        outcome = text if isinstance(text, Observation) else view_or_edit(text, c)
+        if isinstance(outcome, str):
+            await session.write_files({c["path"]: outcome})
+            return Observation(f"edited {c['path']}")
+        return outcome
     if tool == "write":
-        path, content = c.get("path"), c.get("content")
-        if not isinstance(path, str) or not isinstance(content, str):
+        if not isinstance(c.get("path"), str) or not isinstance(c.get("content"), str):
             return Observation("write needs 'path' and 'content' (strings)")
-        await session.write_files({path: content})
-        return Observation(f"wrote {len(content.encode())} bytes to {path}")
+        await session.write_files({c["path"]: c["content"]})
+        return Observation(f"wrote {len(c['content'].encode())} bytes to {c['path']}")
     if tool == "submit":
         grade = await session.grade()
         return Observation(submitted(grade), grade=grade)
@@ -210,6 +190,11 @@ def number(value: Any) -> Optional[float]:
     except (TypeError, ValueError):
         return None
     return n if math.isfinite(n) else None
+
+
+def view_or_edit(text: str, c: Dict[str, Any]) -> Union[str, Observation]:
+    """A view of ``text``, or its edit: the new text to write, or why not."""
+    return view_text(text, c) if c.get("tool") == "view" else edited(text, c)
 
 
 def view_text(text: str, c: Dict[str, Any]) -> Observation:

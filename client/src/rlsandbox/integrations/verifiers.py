@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import verifiers as vf
 from datasets import Dataset
@@ -109,7 +109,9 @@ class RlsandboxEnv(vf.StatefulToolEnv):
         self.labels = {str(k): str(v) for k, v in dict(labels or {}).items()}
         self.command_timeout = float(timeout_per_command_seconds)
         self.client_timeout = float(client_timeout)
-        self._clients: Dict[int, AsyncClient] = {}  # one per event loop (grpc.aio channels are bound to theirs)
+        # One client per event loop (grpc.aio channels are bound to theirs); the loop is kept with
+        # it, so its id cannot be reused by a new loop that would then get a dead loop's client.
+        self._clients: Dict[int, Tuple[asyncio.AbstractEventLoop, AsyncClient]] = {}
         self._sessions: Dict[str, AsyncSession] = {}
         self._seq: Dict[str, int] = {}
         for tool in (self.bash, self.view, self.edit, self.write):
@@ -226,7 +228,7 @@ class RlsandboxEnv(vf.StatefulToolEnv):
         """End every session still open (rollouts cancelled mid-way), then the clients."""
         sessions, self._sessions = list(self._sessions.values()), {}
         await asyncio.gather(*(self._close(s) for s in sessions))
-        clients, self._clients = list(self._clients.values()), {}
+        clients, self._clients = [c for _, c in self._clients.values()], {}
         for client in clients:
             try:
                 await client.close()
@@ -234,11 +236,10 @@ class RlsandboxEnv(vf.StatefulToolEnv):
                 pass
 
     def _client(self) -> AsyncClient:
-        loop = id(asyncio.get_running_loop())
-        client = self._clients.get(loop)
-        if client is None:
-            client = self._clients[loop] = AsyncClient(self.target, timeout=self.client_timeout)
-        return client
+        loop = asyncio.get_running_loop()
+        if id(loop) not in self._clients:
+            self._clients[id(loop)] = (loop, AsyncClient(self.target, timeout=self.client_timeout))
+        return self._clients[id(loop)][1]
 
     async def _close(self, session: AsyncSession) -> None:
         try:
