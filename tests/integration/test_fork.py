@@ -195,3 +195,79 @@ async def test_a_diff_too_long_to_read_is_refused_not_read_whole(fclient: AsyncC
         with pytest.raises(FileTooLarge, match="diff is over 4096 bytes"):
             await fork_daemon.runtime.changes(sandbox.container_id, max_bytes=4096)
         assert len(await fork_daemon.runtime.changes(sandbox.container_id)) > 200  # the bound, not the API, refused
+
+
+async def test_a_fork_of_an_untouched_session_is_a_hand_out_and_of_a_changed_one_never(
+    fclient: AsyncClient, fork_daemon: NodeDaemon
+) -> None:
+    """A GRPO group from a fresh task session: nothing has run in the source, so each fork is a
+    new session of the task, handed out from its prefetched sandboxes with nothing copied, and
+    equal to the source (workspace and base commit). Anything that may have changed a session
+    (a write, a command, being a fork of a changed one) makes its forks copies again."""
+    task = {t.id: t for t in load_tasks(TASKS)}["py-calc"]
+    prefetcher, forker = fork_daemon.sessions.prefetcher, fork_daemon.sessions.forker
+    assert forker is not None
+    state = "cd /workspace && git rev-parse HEAD && git log --format=%ad | wc -l && sha256sum calc/__init__.py"
+    async with fclient.session(task=task) as early:  # prepared now, the others a second later or more
+        want = (await early.exec(state)).stdout_text
+    await asyncio.sleep(1.1)
+    info = await fclient.prefetch(task, 3, ttl=60)
+    for _ in range(600):
+        info = await fclient.prefetch(info, 3, ttl=60)
+        if info.ready == 3:
+            break
+        await asyncio.sleep(0.05)
+    assert info.ready == 3, info
+    snapshots = 0
+    snapshot = forker.snapshot
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        nonlocal snapshots
+        snapshots += 1
+        return await snapshot(*args, **kwargs)  # type: ignore[arg-type]
+
+    forker.snapshot = counted  # type: ignore[method-assign]
+    try:
+        async with fclient.session(task=info) as src:
+            code = (await src.read_files(["calc/__init__.py"]))["calc/__init__.py"].data  # a read changes nothing
+            before = prefetcher.handed_out_total
+            forks = await src.fork(2, labels={"group": "g"})
+            try:
+                assert snapshots == 0 and prefetcher.handed_out_total - before == 2  # hand-outs, nothing copied
+                assert (await src.exec(state)).stdout_text == want
+                for f in forks:
+                    assert f.info.task_id == "py-calc" and f.info.labels.get("group") == "g"
+                    assert (await f.exec(state)).stdout_text == want  # the same base commit, one commit of history
+                    assert (await f.read_files(["calc/__init__.py"]))["calc/__init__.py"].data == code
+                graded = await forks[0].grade()
+                assert graded.status == "ok" and graded.reward == 0.0, graded.message
+            finally:
+                for f in forks:
+                    await f.close()
+            # The source has now run a command: its forks are copies of it.
+            await src.write_files({"notes.md": "mine\n"})
+            [copy] = await src.fork(1)
+            try:
+                assert snapshots == 1
+                # A fork of a changed session is itself changed, though nothing ran in it since.
+                [again] = await copy.fork(1)
+                try:
+                    assert snapshots == 2
+                    assert (await again.exec("cat notes.md")).stdout_text == "mine\n"
+                finally:
+                    await again.close()
+            finally:
+                await copy.close()
+        async with fclient.session("python") as plain:  # an untouched pool session: warm hand-outs
+            [twin] = await plain.fork(1)
+            await twin.close()
+            assert snapshots == 2
+            await plain.write_files({"a.txt": "a"})  # WriteFiles alone is a change
+            [twin] = await plain.fork(1)
+            try:
+                assert snapshots == 3 and (await twin.exec("cat a.txt")).stdout_text == "a"
+            finally:
+                await twin.close()
+    finally:
+        forker.snapshot = snapshot  # type: ignore[method-assign]
+        await fclient.prefetch(info, 0)

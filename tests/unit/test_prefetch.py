@@ -11,7 +11,7 @@ from fakes import FakePool
 from rlsandbox.daemon.errors import NotFound
 from rlsandbox.daemon.grading.task import Task
 from rlsandbox.daemon.sandbox import Sandbox
-from rlsandbox.daemon.session.prefetch import Prefetcher, task_ref
+from rlsandbox.daemon.session.prefetch import REFILL_DELAY, Prefetcher, task_ref
 
 
 def task(tid: str, pool: str = "default") -> Task:
@@ -39,13 +39,18 @@ async def test_a_target_is_kept_and_refilled_as_sandboxes_are_taken() -> None:
     assert pf.state(state.ref).ready == 3 and len(prepared) == 3
     got = pf.take(state.ref)
     assert got is not None and (got.name, "t1") in prepared
+    more = [pf.take(state.ref), pf.take(state.ref)]  # a burst: its answers come before the refills
     await settle()
-    assert pf.state(state.ref).ready == 3 and pf.handed_out_total == 1  # replaced
+    assert pf.state(state.ref).ready == 0 and pf.state(state.ref).preparing == 0 and None not in more
+    await asyncio.sleep(REFILL_DELAY * 1.5)
+    await settle()
+    assert pf.state(state.ref).ready == 3 and pf.handed_out_total == 3  # replaced, all three
+    assert len(prepared) == 6
     assert pf.known(state.ref) is t
     with pytest.raises(NotFound, match="send the task itself"):
         pf.known("nope@0")
     await pf.close()
-    assert len(pool.leased) == 1  # only the one handed out is still leased
+    assert len(pool.leased) == 3  # only those handed out are still leased
 
 
 async def test_the_budget_is_shared_and_expiry_returns_sandboxes_for_recycling() -> None:

@@ -14,7 +14,11 @@ files of ``file-kb`` KiB each (10 MB in 1,000 files by default) into its workspa
   connect, no pool bookkeeping), then remove them and the image;
 - the baseline: one warm CreateSession (a hand-out);
 - a group of 8 from a fresh task session (``py-calc``): CreateSession from the task, then
-  ``Fork(8)``, against one warm hand-out (the target: <= 3x).
+  ``Fork(8)``, against one warm hand-out (the target: <= 3x). Nothing has run in the fresh
+  session, so its forks are new sessions of the task: with the task prefetched (``Prefetch(task,
+  9)``, refilled between samples) all nine are hand-outs; not prefetched, each is prepared from the
+  pool; and, as the way it was done before (and still is for a session that has run anything), the
+  same group after one ``true`` in the source, its workspace copied into each fork.
 
 Each sample starts on a quiet node (the pool refilled to 32 ready).
 """
@@ -101,7 +105,8 @@ async def bench(samples: int, files: int, kb: int) -> dict[str, Any]:
 
     task = {t.id: t for t in load_tasks(TASKS)}["py-calc"]
     times: dict[str, list[float]] = {
-        "fork8": [], "fork8_tmpfs": [], "commit8": [], "handout": [], "task_group8": [], "task_handout": []
+        "fork8": [], "fork8_tmpfs": [], "commit8": [], "handout": [], "task_group8": [], "task_handout": [],
+        "task_group8_prefetched": [], "task_group8_copied": [],
     }  # fmt: skip
     copied: dict[str, int] = {}
     async with (
@@ -115,10 +120,27 @@ async def bench(samples: int, files: int, kb: int) -> dict[str, Any]:
         src_tmpfs = await client.create_session("python-tmpfs")
         await _write_changes(src_tmpfs, files, kb)
 
-        async def quiet() -> None:
+        async def quiet(prefetched: int = 0) -> None:
             await wait_ready(client, "python", POOL_READY, 600)
             await wait_ready(client, "python-tmpfs", 12, 600)
+            if prefetched:
+                info = await client.prefetch(task, prefetched, ttl=600)
+                while info.ready < prefetched:
+                    await asyncio.sleep(0.2)
+                    info = await client.prefetch(info, prefetched, ttl=600)
             await wait_quiet(client)
+
+        async def group(name: str, touch: bool = False) -> None:
+            t = time.perf_counter()
+            base = await client.create_session(task=task)
+            if name == "task_group8":
+                times["task_handout"].append(time.perf_counter() - t)
+            if touch:
+                await base.exec("true")
+            members = await base.fork(8)
+            times[name].append(time.perf_counter() - t)
+            for s in (base, *members):
+                await s.close()
 
         for _ in range(samples):
             await quiet()
@@ -141,13 +163,12 @@ async def bench(samples: int, files: int, kb: int) -> dict[str, Any]:
             times["handout"].append(time.perf_counter() - t)
             await one.close()
             await quiet()
-            t = time.perf_counter()
-            base = await client.create_session(task=task)
-            times["task_handout"].append(time.perf_counter() - t)
-            group = await base.fork(8)
-            times["task_group8"].append(time.perf_counter() - t)
-            for s in (base, *group):
-                await s.close()
+            await group("task_group8")
+            await quiet()
+            await group("task_group8_copied", touch=True)
+            await quiet(prefetched=9)
+            await group("task_group8_prefetched")
+            await client.prefetch(task, 0)
         check = await client.fork(src.id, 1)
         r = await check[0].exec("find /workspace/data -type f | wc -l; du -sk /workspace/data | cut -f1")
         copied = dict(zip(("files", "kib"), map(int, r.stdout_text.split()), strict=True))
@@ -164,6 +185,8 @@ async def bench(samples: int, files: int, kb: int) -> dict[str, Any]:
         "fork8_tmpfs_vs_commit8": summary["fork8_tmpfs"]["p50"] / summary["commit8"]["p50"],
         "fork8_vs_handout": summary["fork8"]["p50"] / summary["handout"]["p50"],
         "task_group8_vs_handout": summary["task_group8"]["p50"] / summary["handout"]["p50"],
+        "task_group8_prefetched_vs_handout": summary["task_group8_prefetched"]["p50"] / summary["handout"]["p50"],
+        "task_group8_copied_vs_handout": summary["task_group8_copied"]["p50"] / summary["handout"]["p50"],
         "machine": machine(),
         "at": time.time(),
     }
@@ -177,7 +200,9 @@ def render(r: dict[str, Any]) -> str:
         ("docker commit + create/start 8 (engine baseline, no agent)", r["commit8"]),
         ("one warm CreateSession (hand-out)", r["handout"]),
         ("CreateSession from a task (py-calc, not prefetched)", r["task_handout"]),
-        ("a group of 8 from a fresh task session (create + Fork(8))", r["task_group8"]),
+        ("a group of 8 from a fresh task session (create + Fork(8)), prefetched", r["task_group8_prefetched"]),
+        ("a group of 8 from a fresh task session (create + Fork(8)), not prefetched", r["task_group8"]),
+        ("the same after one `true` in the source (its workspace copied)", r["task_group8_copied"]),
     ]
     v = r["fork_copy_verified"]
     return "\n".join(
@@ -186,7 +211,9 @@ def render(r: dict[str, Any]) -> str:
             "",
             f"- Fork(8) p50 is x{r['fork8_vs_commit8']:.2f} of commit + create (x{r['fork8_tmpfs_vs_commit8']:.2f} with a tmpfs "
             f"workspace), x{r['fork8_vs_handout']:.1f} of one hand-out",
-            f"- a group of 8 from a fresh task session: x{r['task_group8_vs_handout']:.1f} of one warm hand-out",
+            f"- a group of 8 from a fresh task session, in units of one warm hand-out: prefetched "
+            f"x{r['task_group8_prefetched_vs_handout']:.1f}, not prefetched x{r['task_group8_vs_handout']:.1f}, "
+            f"copied x{r['task_group8_copied_vs_handout']:.1f}",
             f"- a fork checked after the run: {v.get('files')} files, {v.get('kib')} KiB in /workspace/data",
         ]
     )

@@ -39,6 +39,11 @@ GIT_IDENTITY = (
 )  # fmt: skip
 
 
+# The base commit's dates are fixed: every session of a task (and every fork of a fresh one) has
+# the same HEAD, whenever it was prepared.
+GIT_DATES = {"GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000"}
+
+
 class ReadTimedOut(FailedPrecondition):
     """A workspace took longer than STEP_TIMEOUT to read (its contents decide how long: a policy
     that fills its workspace with millions of files must score, not be masked as infra)."""
@@ -146,7 +151,9 @@ class Workspaces:
                 "if command -v git >/dev/null 2>&1; then rm -rf .git && git init -q && git add -A && "
                 f"git {git} commit -q --allow-empty -m 'rlsandbox: task base'; fi"
             )
-            await self._run(sandbox, ExecRequest(shell=script, cwd=ws.path, timeout=STEP_TIMEOUT), "reset the git history")
+            await self._run(
+                sandbox, ExecRequest(shell=script, cwd=ws.path, env=GIT_DATES, timeout=STEP_TIMEOUT), "reset the git history"
+            )
         for command in task.spec.setup:
             await self._run(
                 sandbox, ExecRequest(shell=command, cwd=ws.path, timeout=task.spec.setup_timeout), f"run setup {command!r}"

@@ -143,10 +143,13 @@ class SessionManager:
         raise NotFound(f"session {session_id} not found on node {self.node_id}", session_id=session_id)
 
     @contextlib.asynccontextmanager
-    async def _busy(self, session_id: str) -> AsyncIterator[tuple[Session, Sandbox]]:
-        """A READY session and its sandbox, counted in flight for the idle reaper."""
+    async def _busy(self, session_id: str, *, changes: bool = True) -> AsyncIterator[tuple[Session, Sandbox]]:
+        """A READY session and its sandbox, counted in flight for the idle reaper. ``changes``:
+        the operation may change the sandbox (only reads and clean-room grades may not)."""
         session = self.get(session_id)
         sandbox = session.require_ready()
+        if changes:
+            session.pristine = False
         session.touch()
         session.in_flight += 1
         try:
@@ -228,6 +231,7 @@ class SessionManager:
             session.settled.exception()  # retrieved: there may be no retry waiting on it
             raise
         session.transition(SessionState.READY)
+        session.pristine = setup is None
         session.touch()
         session.settled.set_result(None)
         if self.metrics is not None:
@@ -256,9 +260,23 @@ class SessionManager:
                 "fork fewer, or retry later",
                 retry_after=1.0,
             )
-        async with self._busy(session_id) as (source, sandbox):
-            with tracing.span("fork.snapshot", **{"rlsandbox.count": count}):
-                snapshot = await self.forker.snapshot(sandbox, source.workdir)
+        async with self._busy(session_id, changes=False) as (source, sandbox):
+            pristine = source.pristine
+            if not pristine:
+                with tracing.span("fork.snapshot", **{"rlsandbox.count": count}):
+                    snapshot = await self.forker.snapshot(sandbox, source.workdir)
+        options = replace(
+            source.options,
+            labels={**source.options.labels, **labels},
+            idempotency_key="",
+            forked_from=source.id,
+        )
+        if pristine:
+            # Nothing has run in the source since its hand-out: each fork is a new session of the
+            # same pool or task (a prefetched one when there is one: a GRPO group from a fresh task
+            # session is a few hand-outs), with nothing to copy.
+            made = await asyncio.gather(*(self.create(options) for _ in range(count)), return_exceptions=True)
+            return await self._all_or_none(source, made), Snapshot(source.id)
         log.info(
             "forking into %d: %d paths, %d deleted, %d bytes",
             count,
@@ -267,22 +285,19 @@ class SessionManager:
             snapshot.bytes,
             extra={"session": source.id},
         )
-        options = replace(
-            source.options,
-            labels={**source.options.labels, **labels},
-            idempotency_key="",
-            forked_from=source.id,
-        )
         async with Drop(snapshot.tar) as drop:  # on the host once, however many forks take it
             setup = functools.partial(self.forker.apply, snapshot, drop)
             made = await asyncio.gather(*(self.create(options, setup=setup) for _ in range(count)), return_exceptions=True)
+        return await self._all_or_none(source, made), snapshot
+
+    async def _all_or_none(self, source: Session, made: list[Session | BaseException]) -> list[Session]:
         forks = [s for s in made if isinstance(s, Session)]
         failed = [e for e in made if isinstance(e, BaseException)]
         if failed:
             for s in forks:
                 await self.close(s.id, f"fork of {source.id} failed: {type(failed[0]).__name__}")
             raise failed[0]
-        return forks, snapshot
+        return forks
 
     async def close(self, session_id: str, reason: str = "closed by client") -> bool:
         """End a session and destroy its sandbox. False when it had already ended."""
@@ -370,7 +385,7 @@ class SessionManager:
         return results
 
     async def read_files(self, session_id: str, paths: Sequence[str], *, max_bytes: int, timeout: float) -> list[FileRead]:
-        async with self._busy(session_id) as (_, sandbox):
+        async with self._busy(session_id, changes=False) as (_, sandbox):
             return await sandbox.read_files(paths, max_bytes, timeout)
 
     async def evaluate(
@@ -390,7 +405,7 @@ class SessionManager:
         if task is session.options.task and session.options.task_ref:
             ref = session.options.task_ref
             rooms = lambda: self.prefetcher.take(ref)  # noqa: E731 - a clean room prepared ahead, if any
-        async with self._busy(session_id) as (_, sandbox):
+        async with self._busy(session_id, changes=mode == "in_place") as (_, sandbox):
             result = await self.grader.grade(sandbox, task, mode=mode, timeout=timeout, rooms=rooms)
         self.recorder.graded(session, task.id, result)
         if self.metrics is not None:

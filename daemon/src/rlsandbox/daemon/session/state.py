@@ -117,6 +117,10 @@ class Session:
         self.created_at = time.time()
         self.started = self.last_used = time.monotonic()
         self.steps = 0
+        # Nothing has run in the sandbox since it was handed out as a new session of its pool or
+        # task (set by SessionManager.create; a fork's or a re-adopted session's is never so): it is
+        # what another new session of the same options would be, so a fork of it is one.
+        self.pristine = False
         self.end_reason = ""
         self.in_flight = 0
         # Event numbering, kept by the recorder (session/recorder.py).
