@@ -271,3 +271,31 @@ async def test_a_fork_of_an_untouched_session_is_a_hand_out_and_of_a_changed_one
     finally:
         forker.snapshot = snapshot  # type: ignore[method-assign]
         await fclient.prefetch(info, 0)
+
+
+async def test_the_diff_walked_on_the_host_is_the_engines_and_forks_follow_it(
+    fclient: AsyncClient, fork_daemon: NodeDaemon
+) -> None:
+    """The container's overlay layer walked by the daemon (runtime/overlay.py) gives the engine's
+    own diff, path for path: new, changed and deleted files, links, owners, a folder deleted and
+    made again (opaque: what the image had in it is gone in the forks too)."""
+    async with fclient.session("python") as src:
+        r = await src.exec(
+            "set -e; mkdir -p /workspace/tree/a; echo 1 > /workspace/tree/a/f; ln -s tree /workspace/link; "
+            "rm /etc/issue; echo mine > /etc/motd-mine; mkdir -p /usr/local/lib/extra; echo X > /usr/local/lib/extra/m.py; "
+            "test -e /etc/apt/sources.list.d; rm -rf /etc/apt; mkdir /etc/apt; echo new > /etc/apt/only.txt; "
+            "chmod 700 /opt; echo o > /home/owned.txt; chown 1000 /home/owned.txt"
+        )
+        assert r.exit_code == 0, r.stderr_text
+        sandbox = fork_daemon.sessions.sessions[src.id].sandbox
+        assert sandbox is not None
+        info = await fork_daemon.runtime.inspect(sandbox.container_id)
+        engine = await fork_daemon.runtime.changes(sandbox.container_id)
+        walked = await fork_daemon.runtime.changes(sandbox.container_id, info=info)
+        assert sorted(walked) == sorted(engine) and ("/etc/apt/sources.list.d", 2) in walked
+        [f] = await src.fork(1)
+        try:
+            got = await f.exec("ls /etc/apt; test -e /etc/issue || echo no-issue; stat -c '%a' /opt; cat /workspace/link/a/f")
+            assert got.stdout_text == "only.txt\nno-issue\n700\n1\n", got.stdout_text
+        finally:
+            await f.close()

@@ -33,6 +33,7 @@ from rlsandbox.daemon.errors import (
     FileTooLarge,
     ImageNotFound,
 )
+from rlsandbox.daemon.runtime import overlay
 from rlsandbox.daemon.runtime.images import EngineImages
 
 log = logging.getLogger(__name__)
@@ -271,11 +272,22 @@ class DockerRuntime:
             return dict(await self.docker.containers.container(container_id).show())
 
     async def changes(
-        self, container_id: str, timeout: float | None = None, max_bytes: int = MAX_DIFF_BYTES
+        self,
+        container_id: str,
+        timeout: float | None = None,
+        max_bytes: int = MAX_DIFF_BYTES,
+        info: Mapping[str, Any] | None = None,
     ) -> list[tuple[str, int]]:
         """What differs in the container's root filesystem from its image: (path, kind) with kind
         0 changed, 1 added, 2 deleted (the engine's diff; volumes and tmpfs mounts are not in it).
+        With the container's ``info`` (inspect) on overlay2 layers this host can read, the layers
+        are walked here instead (runtime/overlay.py: the engine may walk the whole image).
         A sandbox decides how long that list is: past ``max_bytes`` of JSON, FileTooLarge."""
+        layers = overlay.layer_dirs(dict(info)) if info is not None else None
+        if layers is not None:
+            native = await asyncio.to_thread(overlay.overlay_changes, *layers, max_bytes // 100)
+            if native is not None:
+                return native
         chunks: list[bytes] = []
         size = 0
         async with (

@@ -1,8 +1,9 @@
 """Forking a session: ``count`` new sessions whose filesystem equals the source's at the call.
 
-What a session changed is read by the engine, never by a process in the (hostile) sandbox: the
-container's diff against its image (``GET /containers/<id>/changes``) for the root filesystem, and
-its volumes whole (a read-only-root pool's workspace is a volume). The changed places are taken as
+What a session changed is read by the engine or from its layers on the host, never by a process
+in the (hostile) sandbox: the container's diff against its image (its overlay layer walked here,
+runtime/overlay.py, else ``GET /containers/<id>/changes``) for the root filesystem, and its volumes
+whole (a read-only-root pool's workspace is a volume). The changed places are taken as
 a few tarballs through the engine's archive API (``plan_changes`` picks them: an added folder
 whole, a workspace folder with many changes below it whole, otherwise each changed file), and each
 fork, a sandbox of the same pool fresh from its warm pool, gets the deletions and then the
@@ -163,7 +164,7 @@ class Forker:
         volumes_read = asyncio.ensure_future(self._archives(cid, [(p, p.rstrip("/") + "/.") for p in volumes], self.max_bytes))
         try:
             try:
-                changes = await self.runtime.changes(cid, timeout=self.timeout)
+                changes = await self.runtime.changes(cid, timeout=self.timeout, info=info)
             except FileTooLarge:
                 raise FailedPrecondition(
                     "the session changed too many paths to fork (its diff is over 16 MiB); fork earlier, "

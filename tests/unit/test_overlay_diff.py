@@ -1,0 +1,66 @@
+"""The overlay diff walked on the host (runtime/overlay.py) over crafted layers: what is added,
+changed and deleted, links never followed into the host, limits and names it cannot vouch for.
+Parity with the engine's own diff on real containers: tests/integration/test_fork.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from rlsandbox.daemon.errors import FileTooLarge
+from rlsandbox.daemon.runtime.overlay import ADDED, CHANGED, DELETED, layer_dirs, overlay_changes
+
+
+def layers(tmp_path: Path) -> tuple[Path, Path]:
+    upper, lower = tmp_path / "upper", tmp_path / "lower"
+    (lower / "etc").mkdir(parents=True)
+    (lower / "etc" / "motd").write_text("image\n")
+    (upper / "etc").mkdir(parents=True)
+    return upper, lower
+
+
+def test_added_changed_and_deleted_paths_are_told_apart(tmp_path: Path) -> None:
+    upper, lower = layers(tmp_path)
+    (upper / "etc" / "motd").write_text("mine\n")
+    (upper / "etc" / "new.conf").write_text("x\n")
+    (upper / "work" / "deep").mkdir(parents=True)
+    (upper / "work" / "deep" / "f").write_text("f\n")
+    if os.geteuid() == 0:  # a whiteout is a 0:0 character device, made by root only
+        (lower / "etc" / "issue").write_text("image\n")
+        os.mknod(upper / "etc" / "issue", 0o600 | 0o020000, os.makedev(0, 0))
+    got = dict(overlay_changes(str(upper), [str(lower)], 100) or [])
+    assert got["/etc"] == CHANGED and got["/etc/motd"] == CHANGED and got["/etc/new.conf"] == ADDED
+    assert got["/work"] == ADDED and got["/work/deep/f"] == ADDED
+    if os.geteuid() == 0:
+        assert got["/etc/issue"] == DELETED
+
+
+def test_a_link_in_a_lower_layer_is_never_followed_into_the_host(tmp_path: Path) -> None:
+    """A lower layer's ``a -> /etc``: the layer's ``a/passwd`` is new, not the host's /etc/passwd changed."""
+    upper, lower = layers(tmp_path)
+    (lower / "a").symlink_to("/etc")
+    (upper / "a").mkdir()
+    (upper / "a" / "passwd").write_text("x\n")
+    got = dict(overlay_changes(str(upper), [str(lower)], 100) or [])
+    assert got["/a"] == CHANGED and got["/a/passwd"] == ADDED
+
+
+def test_a_layer_too_big_or_not_utf8_is_left_to_the_engine(tmp_path: Path) -> None:
+    upper, lower = layers(tmp_path)
+    for i in range(50):
+        (upper / "etc" / f"f{i}").write_text("x")
+    with pytest.raises(FileTooLarge, match="over 20 paths"):
+        overlay_changes(str(upper), [str(lower)], 20)
+    (upper / "etc").joinpath(os.fsdecode(b"bad\xff")).write_text("x")
+    assert overlay_changes(str(upper), [str(lower)], 1000) is None
+
+
+def test_only_readable_overlay2_layers_are_walked(tmp_path: Path) -> None:
+    upper, lower = layers(tmp_path)
+    data = {"UpperDir": str(upper), "LowerDir": f"{lower}:{tmp_path}"}
+    assert layer_dirs({"GraphDriver": {"Name": "overlay2", "Data": data}}) == (str(upper), [str(lower), str(tmp_path)])
+    assert layer_dirs({"GraphDriver": {"Name": "btrfs", "Data": data}}) is None
+    gone = {"UpperDir": str(tmp_path / "gone"), "LowerDir": str(lower)}
+    assert layer_dirs({"GraphDriver": {"Name": "overlay2", "Data": gone}}) is None
+    assert layer_dirs({}) is None
