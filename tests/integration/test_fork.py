@@ -208,16 +208,6 @@ async def test_a_fork_of_an_untouched_session_is_a_hand_out_and_of_a_changed_one
     prefetcher, forker = fork_daemon.sessions.prefetcher, fork_daemon.sessions.forker
     assert forker is not None
     state = "cd /workspace && git rev-parse HEAD && git log --format=%ad | wc -l && sha256sum calc/__init__.py"
-    async with fclient.session(task=task) as early:  # prepared now, the others a second later or more
-        want = (await early.exec(state)).stdout_text
-    await asyncio.sleep(1.1)
-    info = await fclient.prefetch(task, 3, ttl=60)
-    for _ in range(600):
-        info = await fclient.prefetch(info, 3, ttl=60)
-        if info.ready == 3:
-            break
-        await asyncio.sleep(0.05)
-    assert info.ready == 3, info
     snapshots = 0
     snapshot = forker.snapshot
 
@@ -228,12 +218,27 @@ async def test_a_fork_of_an_untouched_session_is_a_hand_out_and_of_a_changed_one
 
     forker.snapshot = counted  # type: ignore[method-assign]
     try:
+        async with fclient.session(task=task) as early:  # prepared now, the others a second later or more
+            # Untouched but not prefetched: copying its workspace once beats preparing the task in each.
+            [twin] = await early.fork(1)
+            assert snapshots == 1
+            want = (await early.exec(state)).stdout_text
+            assert (await twin.exec(state)).stdout_text == want
+            await twin.close()
+        await asyncio.sleep(1.1)
+        info = await fclient.prefetch(task, 3, ttl=60)
+        for _ in range(600):
+            info = await fclient.prefetch(info, 3, ttl=60)
+            if info.ready == 3:
+                break
+            await asyncio.sleep(0.05)
+        assert info.ready == 3, info
         async with fclient.session(task=info) as src:
             code = (await src.read_files(["calc/__init__.py"]))["calc/__init__.py"].data  # a read changes nothing
             before = prefetcher.handed_out_total
             forks = await src.fork(2, labels={"group": "g"})
             try:
-                assert snapshots == 0 and prefetcher.handed_out_total - before == 2  # hand-outs, nothing copied
+                assert snapshots == 1 and prefetcher.handed_out_total - before == 2  # hand-outs, nothing copied
                 assert (await src.exec(state)).stdout_text == want
                 for f in forks:
                     assert f.info.task_id == "py-calc" and f.info.labels.get("group") == "g"
@@ -248,11 +253,11 @@ async def test_a_fork_of_an_untouched_session_is_a_hand_out_and_of_a_changed_one
             await src.write_files({"notes.md": "mine\n"})
             [copy] = await src.fork(1)
             try:
-                assert snapshots == 1
+                assert snapshots == 2
                 # A fork of a changed session is itself changed, though nothing ran in it since.
                 [again] = await copy.fork(1)
                 try:
-                    assert snapshots == 2
+                    assert snapshots == 3
                     assert (await again.exec("cat notes.md")).stdout_text == "mine\n"
                 finally:
                     await again.close()
@@ -261,11 +266,11 @@ async def test_a_fork_of_an_untouched_session_is_a_hand_out_and_of_a_changed_one
         async with fclient.session("python") as plain:  # an untouched pool session: warm hand-outs
             [twin] = await plain.fork(1)
             await twin.close()
-            assert snapshots == 2
+            assert snapshots == 3
             await plain.write_files({"a.txt": "a"})  # WriteFiles alone is a change
             [twin] = await plain.fork(1)
             try:
-                assert snapshots == 3 and (await twin.exec("cat a.txt")).stdout_text == "a"
+                assert snapshots == 4 and (await twin.exec("cat a.txt")).stdout_text == "a"
             finally:
                 await twin.close()
     finally:

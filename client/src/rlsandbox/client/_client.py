@@ -282,7 +282,9 @@ class AsyncSession:
         everything else this session changed) equals this one's now, with its options and task
         (each can be graded) and ``labels`` on top of its labels: a GRPO group, or branches of a
         tree search. Processes and memory are not copied (persistent shells start afresh). All
-        or nothing; never retried (a retry would fork twice). Close the forks when done."""
+        or nothing; never retried (a retry would fork twice). Close the forks when done. A session
+        in which nothing has run yet forks into new sessions of its pool, or of its task as far as
+        the task has prefetched sandboxes ready: a group from a fresh task session is hand-outs."""
         return await self.client.fork(self.id, count, labels=labels)
 
     async def refresh(self) -> SessionInfo:

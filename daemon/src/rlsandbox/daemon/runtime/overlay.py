@@ -45,6 +45,13 @@ def _lstat(path: bytes) -> os.stat_result | None:
         return None
 
 
+def _names(folder: bytes) -> list[bytes]:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
 def overlay_changes(upper: str, lowers: Sequence[str], max_paths: int) -> list[tuple[str, int]] | None:
     """(path, kind) of what the layer ``upper`` changed over ``lowers``, kinds as the engine's.
     A folder made opaque (deleted, then made again) is a change, and what the lower layers had in
@@ -56,7 +63,7 @@ def overlay_changes(upper: str, lowers: Sequence[str], max_paths: int) -> list[t
         here, path, below = stack.pop()
         try:
             entries = list(os.scandir(here))
-        except FileNotFoundError:  # removed while walked: the sandbox's processes go on meanwhile
+        except OSError:  # removed or replaced while walked: the sandbox's processes go on meanwhile
             continue
         for entry in entries:
             try:
@@ -66,7 +73,7 @@ def overlay_changes(upper: str, lowers: Sequence[str], max_paths: int) -> list[t
             child = f"{path}/{name}"
             try:
                 st = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
+            except OSError:
                 continue
             if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # a whiteout: deleted
                 out.append((child, DELETED))
@@ -87,7 +94,7 @@ def overlay_changes(upper: str, lowers: Sequence[str], max_paths: int) -> list[t
                         for folder in real:
                             hidden.update(os.listdir(folder))
                         stack.append((entry.path, child, []))
-                        deleted_below = hidden - {e.name for e in os.scandir(entry.path)}
+                        deleted_below = hidden - set(_names(entry.path))
                         out.extend((f"{child}/{os.fsdecode(n)}", DELETED) for n in sorted(deleted_below))
                     else:
                         stack.append((entry.path, child, real))

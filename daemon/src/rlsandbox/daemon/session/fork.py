@@ -11,6 +11,9 @@ tarballs, extracted by the fork's own ``tar`` (read from a file dropped in the f
 where it has one). Measured against ``docker commit`` + create in
 docs/BENCHMARKS.md ("Fork").
 
+A session in which nothing has run since its hand-out needs no copy: its forks are new sessions
+of its pool, or of its task as far as it has prefetched sandboxes ready (SessionManager.fork).
+
 Not copied: processes and memory (a fork's processes are new: persistent shells start afresh),
 tmpfs mounts (``/tmp`` on a read-only root: the engine cannot see into them), and the metadata of
 a folder whose only change is its own mode or times.

@@ -261,8 +261,9 @@ class SessionManager:
                 retry_after=1.0,
             )
         async with self._busy(session_id, changes=False) as (source, sandbox):
-            pristine = source.pristine
-            if not pristine:
+            new = self._forks_as_new_sessions(source, count)
+            snapshot = Snapshot(source.id)
+            if new < count:
                 with tracing.span("fork.snapshot", **{"rlsandbox.count": count}):
                     snapshot = await self.forker.snapshot(sandbox, source.workdir)
         options = replace(
@@ -271,15 +272,10 @@ class SessionManager:
             idempotency_key="",
             forked_from=source.id,
         )
-        if pristine:
-            # Nothing has run in the source since its hand-out: each fork is a new session of the
-            # same pool or task (a prefetched one when there is one: a GRPO group from a fresh task
-            # session is a few hand-outs), with nothing to copy.
-            made = await asyncio.gather(*(self.create(options) for _ in range(count)), return_exceptions=True)
-            return await self._all_or_none(source, made), Snapshot(source.id)
         log.info(
-            "forking into %d: %d paths, %d deleted, %d bytes",
+            "forking into %d (%d of them new sessions): %d paths, %d deleted, %d bytes",
             count,
+            new,
             len(snapshot.roots),
             len(snapshot.deletes),
             snapshot.bytes,
@@ -287,17 +283,30 @@ class SessionManager:
         )
         async with Drop(snapshot.tar) as drop:  # on the host once, however many forks take it
             setup = functools.partial(self.forker.apply, snapshot, drop)
-            made = await asyncio.gather(*(self.create(options, setup=setup) for _ in range(count)), return_exceptions=True)
-        return await self._all_or_none(source, made), snapshot
-
-    async def _all_or_none(self, source: Session, made: list[Session | BaseException]) -> list[Session]:
+            made = await asyncio.gather(
+                *(self.create(options) for _ in range(new)),
+                *(self.create(options, setup=setup) for _ in range(count - new)),
+                return_exceptions=True,
+            )
         forks = [s for s in made if isinstance(s, Session)]
         failed = [e for e in made if isinstance(e, BaseException)]
         if failed:
             for s in forks:
                 await self.close(s.id, f"fork of {source.id} failed: {type(failed[0]).__name__}")
             raise failed[0]
-        return forks
+        return forks, snapshot
+
+    def _forks_as_new_sessions(self, source: Session, count: int) -> int:
+        """How many of ``count`` forks of ``source`` are new sessions of its pool or task instead
+        of copies: all when nothing has run in it since its hand-out (a fresh sandbox of the pool is
+        one), and for a task as many as it has prefetched sandboxes ready (preparing the task again
+        in each fork costs more than copying the source's workspace once: 638 against 520 ms for a
+        group of 8, docs/BENCHMARKS.md "Fork")."""
+        if not source.pristine:
+            return 0
+        if source.options.task is None:
+            return count
+        return min(count, self.prefetcher.state(source.options.task_ref).ready) if source.options.task_ref else 0
 
     async def close(self, session_id: str, reason: str = "closed by client") -> bool:
         """End a session and destroy its sandbox. False when it had already ended."""
