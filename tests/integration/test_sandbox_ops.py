@@ -164,6 +164,13 @@ async def test_agent_under_gvisor(docker_runtime: DockerRuntime, images: dict[st
         r = await sb.exec(ExecRequest(shell="dmesg 2>/dev/null | head -1; echo done"))
         assert r.exit_code == 0 and b"done" in r.stdout
         assert b"gVisor" in r.stdout or b"Starting" in r.stdout, r.stdout
+        # A fork's diff walked on the host sees what gVisor wrote, as the engine's does.
+        r = await sb.exec(ExecRequest(shell="mkdir -p /srv/g && echo x > /srv/g/f && rm /etc/issue"))
+        assert r.exit_code == 0, r.stderr
+        info = await docker_runtime.inspect(sb.container_id)
+        walked = await docker_runtime.changes(sb.container_id, info=info)
+        assert sorted(walked) == sorted(await docker_runtime.changes(sb.container_id))
+        assert {("/srv/g/f", 1), ("/etc/issue", 2)} <= set(walked), walked
     finally:
         await factory.destroy(sb)
 
