@@ -121,3 +121,29 @@ async def test_images_that_cannot_be_had_are_clear_errors(node: NodeDaemon) -> N
             await client.create_session(image="rls-test/absent:nope")
         with pytest.raises(FailedPreconditionError, match="no image_pools template matches image 'elsewhere/x:1'"):
             await client.create_session(image="elsewhere/x:1")
+
+
+async def test_an_image_pool_works_in_the_images_workdir(node: NodeDaemon, docker_runtime: DockerRuntime) -> None:
+    """Per-instance images (SWE-bench's /testbed) set their WORKDIR: sessions of their pool start
+    there, and find the image's files, when the template names no workdir."""
+    import io
+    import tarfile
+
+    tag = f"rls-test/workdir:{uuid.uuid4().hex[:8]}"
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        dockerfile = f"FROM {BUSYBOX}\nWORKDIR /testbed\nRUN echo repo > /testbed/README\n".encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile))
+    await docker_runtime.images.build(context.getvalue(), tag=tag, labels={"rlsandbox.test": "1"})
+    try:
+        async with AsyncClient(node.address, timeout=120) as client, client.session(image=tag) as s:
+            assert s.info.workdir == "/testbed"
+            assert (await s.exec("pwd; cat README")).stdout == b"/testbed\nrepo\n"
+        for _ in range(100):  # idle past idle_evict: the pool and its containers go
+            if s.info.pool not in node.pools:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await docker_runtime.images.remove(tag)

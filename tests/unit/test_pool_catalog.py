@@ -26,6 +26,9 @@ class FakeImages:
     async def labels(self, image: str) -> dict[str, str] | None:
         return {} if image in self.local else None
 
+    async def config(self, image: str) -> dict[str, str] | None:
+        return {"WorkingDir": "/testbed"} if image in self.local else None
+
     async def pull(self, image: str, *, auth: object = None) -> None:
         await asyncio.sleep(0.01)
         self.pulls.append(image)
@@ -48,7 +51,7 @@ class Runtime:
 
 
 def maker(template: PoolConfig):  # type: ignore[no-untyped-def]
-    return lambda name, image: template.model_copy(update={"name": name, "image": image}).spec()
+    return lambda name, image, workdir: template.model_copy(update={"name": name, "image": image}).spec()
 
 
 Made = tuple[PoolCatalog, FakeImages]
@@ -167,3 +170,14 @@ def test_anything_else_is_refused_before_it_reaches_the_engine(image: str) -> No
         check_image_reference(image)
     with pytest.raises(ValueError, match=r"is not an image reference|at most 512 characters"):
         TaskSpec.model_validate({"id": "t", "image": image or "/", "evaluation": {"test_command": "true"}})
+
+
+def test_an_image_pool_works_in_its_images_workdir_unless_the_template_names_one() -> None:
+    from rlsandbox.daemon.server import _template_maker
+
+    plain = _template_maker(PoolConfig(name="t", image="swe/*"))
+    assert plain("p", "swe/a:1", "/testbed").container.workdir == "/testbed"  # SWE-bench's WORKDIR
+    assert plain("p", "swe/a:1", "").container.workdir == "/workspace"  # none: the pools' default
+    assert plain("p", "swe/a:1", "/").container.workdir == "/workspace"
+    named = _template_maker(PoolConfig(name="t", image="swe/*", workdir="/work"))
+    assert named("p", "swe/a:1", "/testbed").container.workdir == "/work"

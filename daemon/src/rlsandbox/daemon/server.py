@@ -483,9 +483,12 @@ class NodeDaemon:
             await asyncio.shield(self._stopping)
 
 
-def _template_maker(template: PoolConfig) -> Callable[[str, str], PoolSpec]:
-    def make(name: str, image: str) -> PoolSpec:
-        return template.model_copy(update={"name": name, "image": image}).spec()
+def _template_maker(template: PoolConfig) -> Callable[[str, str, str], PoolSpec]:
+    def make(name: str, image: str, image_workdir: str) -> PoolSpec:
+        update: dict[str, object] = {"name": name, "image": image}
+        if "workdir" not in template.model_fields_set and image_workdir not in ("", "/"):
+            update["workdir"] = image_workdir  # the image's WORKDIR (SWE-bench's /testbed), unless the template says
+        return template.model_copy(update=update).spec()
 
     return make
 

@@ -41,7 +41,8 @@ class PoolCatalog(Mapping[str, WarmPool]):
     Args:
         configured: the pools of the configuration.
         factory, limiter, max_waiters: what image pools are made with (as configured pools).
-        templates: (image pattern, spec maker) pairs, first match wins; none: no image pools.
+        templates: (image pattern, spec maker) pairs, first match wins; none: no image pools. A maker
+            gets the pool's name, the image and the image's ``WORKDIR`` ("" when it has none).
         spawn: starts a background task owned by the daemon (an image pool's refill loop).
         warm_budget: ready sandboxes across image pools, shared by recent demand.
         max_pools, idle_evict: at most this many image pools; one unused this long is removed.
@@ -56,7 +57,7 @@ class PoolCatalog(Mapping[str, WarmPool]):
         factory: SandboxFactory,
         limiter: CreateLimiter,
         max_waiters: int,
-        templates: list[tuple[str, Callable[[str, str], PoolSpec]]],
+        templates: list[tuple[str, Callable[[str, str, str], PoolSpec]]],
         spawn: Spawn,
         warm_budget: int = 16,
         max_pools: int = 64,
@@ -132,7 +133,8 @@ class PoolCatalog(Mapping[str, WarmPool]):
                 retry_after=5.0,
             )
         await self._ensure_image(image)
-        spec = maker(name, image)
+        config = await self._factory.runtime.images.config(image) or {}
+        spec = maker(name, image, str(config.get("WorkingDir") or ""))
         pool = WarmPool(spec, self._factory, limiter=self._limiter, max_waiters=self._max_waiters)
         pool.set_min_ready(0)  # demand decides (rebalance)
         self._dynamic[name] = pool

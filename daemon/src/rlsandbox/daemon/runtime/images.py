@@ -6,7 +6,7 @@ import io
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from rlsandbox.daemon.errors import ContainerNotFound, DockerError, ImageNotFound
@@ -24,12 +24,17 @@ class EngineImages:
 
     async def labels(self, image: str) -> dict[str, str] | None:
         """The image's labels, or None when the image does not exist."""
+        config = await self.config(image)
+        return None if config is None else dict(config.get("Labels") or {})
+
+    async def config(self, image: str) -> dict[str, Any] | None:
+        """The image's ``Config`` (labels, ``WorkingDir``, ...), or None when it does not exist."""
         try:
             async with self.runtime._call("image inspect", 30):
                 info = await self.runtime.docker.images.inspect(image)
         except (ImageNotFound, ContainerNotFound):
             return None
-        return dict((info.get("Config") or {}).get("Labels") or {})
+        return dict(info.get("Config") or {})
 
     async def import_rootfs(self, tar_path: Path, *, tag: str, changes: Sequence[str], timeout: float = 600) -> None:
         """``docker import`` of a root filesystem tarball, streamed from disk."""
