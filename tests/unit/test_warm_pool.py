@@ -127,3 +127,43 @@ async def test_a_hand_off_to_a_waiter_never_creates_past_max_total() -> None:
     finally:
         await pool.close(timeout=5)
         await runner
+
+
+async def test_refills_wait_for_a_pause_in_hand_outs_but_never_a_waiter() -> None:
+    """A burst of hand-outs is answered before refills start (they would share the loop and the
+    cores with it); a caller waiting for a sandbox gets one made at once; steady hand-outs delay
+    refills REFILL_MAX_DELAY at most."""
+    from rlsandbox.daemon.pool.warm_pool import REFILL_MAX_DELAY, REFILL_QUIET
+
+    factory = FakeFactory()
+    spec = PoolSpec(name="p", container=ContainerSpec(image="img"), min_ready=4, max_total=400)
+    pool = WarmPool(spec, factory, limiter=CreateLimiter(4))  # type: ignore[arg-type]
+    runner = asyncio.create_task(pool.run())
+    try:
+        await settle(pool, 4)
+        burst = [await pool.acquire(1) for _ in range(3)]
+        for _ in range(20):  # turns of the loop: enough for refills to start, were they not held
+            await asyncio.sleep(0)
+        assert factory.made == 4, "refills started under the burst"
+        await asyncio.sleep(REFILL_QUIET * 1.5)
+        await settle(pool, 4)
+        assert factory.made == 7  # the pause came: refilled
+        while pool.stats().ready:  # drain it: the next caller waits, and is served at once
+            burst.append(await pool.acquire(1))
+        started = asyncio.get_running_loop().time()
+        burst.append(await pool.acquire(1))
+        assert asyncio.get_running_loop().time() - started < REFILL_QUIET
+        pool.set_min_ready(150)
+        await settle(pool, 150)
+        await asyncio.sleep(REFILL_QUIET * 1.5)
+        made, started = factory.made, asyncio.get_running_loop().time()
+        while factory.made == made:  # hand-outs that never pause: refills come anyway
+            if pool.stats().ready:
+                burst.append(await pool.acquire(1))
+            await asyncio.sleep(REFILL_QUIET / 5)
+        assert asyncio.get_running_loop().time() - started <= REFILL_MAX_DELAY + 0.2
+        for sb in burst:
+            pool.release(sb)
+    finally:
+        await pool.close(timeout=5)
+        await runner
