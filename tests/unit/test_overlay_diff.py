@@ -64,3 +64,27 @@ def test_only_readable_overlay2_layers_are_walked(tmp_path: Path) -> None:
     gone = {"UpperDir": str(tmp_path / "gone"), "LowerDir": str(lower)}
     assert layer_dirs({"GraphDriver": {"Name": "overlay2", "Data": gone}}) is None
     assert layer_dirs({}) is None
+
+
+def test_a_folder_renamed_through_redirect_dir_is_left_to_the_engine(tmp_path: Path) -> None:
+    """With overlay's redirect_dir, a renamed folder keeps its files in the lower layers: the layer
+    alone cannot list them, so the walk gives up (the engine's diff is used)."""
+    upper, lower = layers(tmp_path)
+    (upper / "opt" / "moved").mkdir(parents=True)
+    try:
+        os.setxattr(upper / "opt" / "moved", "trusted.overlay.redirect", b"/usr/share/doc")
+    except OSError:
+        pytest.skip("trusted xattrs need root on a filesystem that keeps them")
+    assert overlay_changes(str(upper), [str(lower)], 100) is None
+
+
+def test_an_opaque_folder_hides_what_the_image_had_in_it(tmp_path: Path) -> None:
+    """``rm -rf /etc && mkdir /etc``: the image's files in it are deleted, the layer's are new."""
+    upper, lower = layers(tmp_path)
+    (upper / "etc" / "mine.conf").write_text("x\n")
+    try:
+        os.setxattr(upper / "etc", "trusted.overlay.opaque", b"y")
+    except OSError:
+        pytest.skip("trusted xattrs need root on a filesystem that keeps them")
+    got = dict(overlay_changes(str(upper), [str(lower)], 100) or [])
+    assert got == {"/etc": CHANGED, "/etc/motd": DELETED, "/etc/mine.conf": ADDED}

@@ -10,7 +10,8 @@ python image whatever the container changed (10 ms for busybox). The container's
 The layer is the sandbox's to shape (names, depth, links, millions of files), so the walk follows
 no link (``lstat``, ``scandir`` without following), looks into a lower layer only down a chain of
 real folders, never recurses (a stack), and stops past ``max_paths``. A name that is not UTF-8,
-or a layer this process cannot read, means None: the engine's diff is used instead.
+a folder renamed through overlay's ``redirect_dir``, or a layer this process cannot read means
+None: the engine's diff is used instead.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from rlsandbox.daemon.errors import FileTooLarge
 
 CHANGED, ADDED, DELETED = 0, 1, 2
 OPAQUE = "trusted.overlay.opaque"
+# A folder renamed on a kernel with overlay's redirect_dir keeps its files in the lower layers,
+# found through this mark; the engine's diff is used then (Docker turns its native diff off there).
+REDIRECT = "trusted.overlay.redirect"
 
 
 def layer_dirs(info: dict[str, object]) -> tuple[str, list[str]] | None:
@@ -43,6 +47,17 @@ def _lstat(path: bytes) -> os.stat_result | None:
         return os.lstat(path)
     except OSError:
         return None
+
+
+def _xattrs(path: bytes) -> dict[str, bytes]:
+    """The overlay marks of a folder (none when they cannot be read)."""
+    marks = {}
+    for name in (OPAQUE, REDIRECT):
+        try:
+            marks[name] = os.getxattr(path, name, follow_symlinks=False)
+        except OSError:
+            pass
+    return marks
 
 
 def _names(folder: bytes) -> list[bytes]:
@@ -85,10 +100,10 @@ def overlay_changes(upper: str, lowers: Sequence[str], max_paths: int) -> list[t
                     real = [
                         os.path.join(b, entry.name) for b, s in zip(below, lower, strict=True) if s and stat.S_ISDIR(s.st_mode)
                     ]
-                    try:
-                        opaque = os.getxattr(entry.path, OPAQUE, follow_symlinks=False) == b"y"
-                    except OSError:
-                        opaque = False
+                    marks = _xattrs(entry.path)
+                    if REDIRECT in marks:  # a folder renamed with redirect_dir: its files stay below
+                        return None
+                    opaque = marks.get(OPAQUE) == b"y"
                     if opaque and real:
                         hidden: set[bytes] = set()
                         for folder in real:
