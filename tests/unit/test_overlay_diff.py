@@ -88,3 +88,28 @@ def test_an_opaque_folder_hides_what_the_image_had_in_it(tmp_path: Path) -> None
         pytest.skip("trusted xattrs need root on a filesystem that keeps them")
     got = dict(overlay_changes(str(upper), [str(lower)], 100) or [])
     assert got == {"/etc": CHANGED, "/etc/motd": DELETED, "/etc/mine.conf": ADDED}
+
+
+def test_a_folder_swapped_for_a_link_mid_walk_never_leads_into_the_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sandbox replaces a folder the walk has listed, but not yet entered, by a link to a host
+    folder: the walk does not go through it (it used to list the host's files as changes)."""
+    from rlsandbox.daemon.runtime import overlay
+
+    upper, lower = layers(tmp_path)
+    (upper / "a" / "b").mkdir(parents=True)
+    host = tmp_path / "host"
+    (host / "b").mkdir(parents=True)
+    (host / "b" / "secret").write_text("host\n")
+    real_open = overlay._open_folder
+
+    def swapped(path: bytes) -> int | None:
+        if path.endswith(b"/a/b") and (upper / "a").is_dir() and not (upper / "a").is_symlink():
+            (upper / "a" / "b").rmdir()
+            (upper / "a").rmdir()
+            (upper / "a").symlink_to(host)  # what `rm -rf a && ln -s / a` does, mid-walk
+        return real_open(path)
+
+    monkeypatch.setattr(overlay, "_open_folder", swapped)
+    got = dict(overlay_changes(str(upper), [str(lower)], 100) or [])
+    assert "/a/b/secret" not in got and got["/a/b"] == ADDED
+    assert real_open(os.fsencode(upper / "a" / "b")) is None  # reached through a link: refused

@@ -16,6 +16,7 @@ None: the engine's diff is used instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Sequence
@@ -49,17 +50,6 @@ def _lstat(path: bytes) -> os.stat_result | None:
         return None
 
 
-def _xattrs(path: bytes) -> dict[str, bytes]:
-    """The overlay marks of a folder (none when they cannot be read)."""
-    marks = {}
-    for name in (OPAQUE, REDIRECT):
-        try:
-            marks[name] = os.getxattr(path, name, follow_symlinks=False)
-        except OSError:
-            pass
-    return marks
-
-
 def _names(folder: bytes) -> list[bytes]:
     try:
         return os.listdir(folder)
@@ -67,52 +57,72 @@ def _names(folder: bytes) -> list[bytes]:
         return []
 
 
+def _open_folder(path: bytes) -> int | None:
+    """A descriptor of the folder at ``path`` in the upper layer, only if no link was followed to
+    reach it (the sandbox may swap a folder for a link to ``/`` while it is walked: a path would then
+    go on into the host's files). None when it is gone or was reached through a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if os.readlink(b"/proc/self/fd/%d" % fd) == path:
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
 def overlay_changes(upper: str, lowers: Sequence[str], max_paths: int) -> list[tuple[str, int]] | None:
     """(path, kind) of what the layer ``upper`` changed over ``lowers``, kinds as the engine's.
     A folder made opaque (deleted, then made again) is a change, and what the lower layers had in
     it is listed as deleted. Raises FileTooLarge past ``max_paths``."""
+    root = os.fsencode(os.path.realpath(upper))
     out: list[tuple[str, int]] = []
-    # (folder in the upper layer, its path in the container, the lower layers where it is a real folder)
-    stack: list[tuple[bytes, str, list[bytes]]] = [(os.fsencode(upper), "", [os.fsencode(p) for p in lowers])]
+    # (folder below the upper layer, its path in the container, the lower layers where it is a real folder)
+    stack: list[tuple[bytes, str, list[bytes]]] = [(b"", "", [os.fsencode(p) for p in lowers])]
     while stack:
-        here, path, below = stack.pop()
+        rel, path, below = stack.pop()
+        fd = _open_folder(root + rel)
+        if fd is None:
+            if rel:  # gone meanwhile (the sandbox's processes go on), or swapped for a link
+                continue
+            return None
         try:
-            entries = list(os.scandir(here))
-        except OSError:  # removed or replaced while walked: the sandbox's processes go on meanwhile
+            entries = [(e.name, e.stat(follow_symlinks=False)) for e in os.scandir(fd)]
+            marks = {}
+            for mark in (OPAQUE, REDIRECT):
+                with contextlib.suppress(OSError):
+                    marks[mark] = os.getxattr(fd, mark)
+        except OSError:  # changed under the walk
             continue
-        for entry in entries:
+        finally:
+            os.close(fd)
+        if REDIRECT in marks:  # a folder renamed with redirect_dir: its files stay below
+            return None
+        if marks.get(OPAQUE) == b"y" and below:  # deleted and made again: what was below is gone
+            hidden = {n for folder in below for n in _names(folder)} - {os.fsencode(n) for n, _ in entries}
             try:
-                name = entry.name.decode("utf-8")
+                out.extend((f"{path}/{n.decode()}", DELETED) for n in sorted(hidden))
             except UnicodeDecodeError:
                 return None
-            child = f"{path}/{name}"
+            below = []
+        for name, st in entries:
             try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
+                name.encode("utf-8")
+            except UnicodeEncodeError:  # not UTF-8 on disk (decoded with surrogates)
+                return None
+            child = f"{path}/{name}"
+            raw = os.fsencode(name)
             if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # a whiteout: deleted
                 out.append((child, DELETED))
             else:
-                lower = [_lstat(os.path.join(b, entry.name)) for b in below]
-                existed = any(s is not None for s in lower)
-                out.append((child, CHANGED if existed else ADDED))
+                lower = [_lstat(os.path.join(b, raw)) for b in below]
+                out.append((child, CHANGED if any(lower) else ADDED))
                 if stat.S_ISDIR(st.st_mode):
-                    real = [
-                        os.path.join(b, entry.name) for b, s in zip(below, lower, strict=True) if s and stat.S_ISDIR(s.st_mode)
-                    ]
-                    marks = _xattrs(entry.path)
-                    if REDIRECT in marks:  # a folder renamed with redirect_dir: its files stay below
-                        return None
-                    opaque = marks.get(OPAQUE) == b"y"
-                    if opaque and real:
-                        hidden: set[bytes] = set()
-                        for folder in real:
-                            hidden.update(os.listdir(folder))
-                        stack.append((entry.path, child, []))
-                        deleted_below = hidden - set(_names(entry.path))
-                        out.extend((f"{child}/{os.fsdecode(n)}", DELETED) for n in sorted(deleted_below))
-                    else:
-                        stack.append((entry.path, child, real))
+                    real = [os.path.join(b, raw) for b, x in zip(below, lower, strict=True) if x and stat.S_ISDIR(x.st_mode)]
+                    stack.append((rel + b"/" + raw, child, real))
             if len(out) > max_paths:
                 raise FileTooLarge(f"the container's diff is over {max_paths} paths")
     return out
