@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Generator, Optional, Tuple, Union
 
 from rlsandbox.client import AsyncSession, ExecResult, GradeResult, InvalidArgumentError, Session
 
@@ -68,33 +68,79 @@ def run(session: Session, call: ToolCall, *, timeout: float = 120.0, cwd: str = 
     over its limit, a path it cannot take) are the policy's doing: an observation, as a misused
     tool is; every other error is the node's and is raised."""
     try:
-        return _run(session, parse(call), timeout, cwd)
+        steps = _steps(parse(call), timeout, cwd, 0)
+        reply: Any = None
+        while True:
+            kind, arg = steps.send(reply)
+            if kind == "exec":
+                reply = session.exec(arg.pop("command"), **arg)
+            elif kind == "read":
+                reply = session.read_files([arg]).get(arg)
+            elif kind == "write":
+                session.write_files(arg)
+                reply = None
+            else:
+                reply = session.grade()
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
     except InvalidArgumentError as e:
         return refused(e)
 
 
-def _run(session: Session, c: Dict[str, Any], timeout: float, cwd: str) -> Observation:
+async def arun(session: AsyncSession, call: ToolCall, *, timeout: float = 120.0, cwd: str = "", seq: int = 0) -> Observation:
+    """``run`` over an async session; ``seq``: the call's step number (a retried call never runs twice)."""
+    try:
+        steps = _steps(parse(call), timeout, cwd, seq)
+        reply: Any = None
+        while True:
+            kind, arg = steps.send(reply)
+            if kind == "exec":
+                reply = await session.exec(arg.pop("command"), **arg)
+            elif kind == "read":
+                reply = (await session.read_files([arg])).get(arg)
+            elif kind == "write":
+                await session.write_files(arg)
+                reply = None
+            else:
+                reply = await session.grade()
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    except InvalidArgumentError as e:
+        return refused(e)
+
+
+Step = Tuple[str, Any]  # ("exec", exec arguments), ("read", path), ("write", files) or ("grade", None)
+
+
+def _steps(c: Dict[str, Any], timeout: float, cwd: str, seq: int) -> Generator[Step, Any, Observation]:
+    """One tool call as the session calls it needs (each answered with the call's result), then
+    the observation: the tools' logic once, for the blocking ``run`` and the async ``arun``."""
     tool = c.get("tool")
     if tool == "bash":
         kwargs = _bash(c, timeout, cwd)
         if isinstance(kwargs, Observation):
             return kwargs
-        result = session.exec(kwargs.pop("command"), **kwargs)
+        if seq:
+            kwargs["seq"] = seq
+        result = yield "exec", kwargs
         return Observation(describe(result), result.exit_code)
     if tool in ("view", "edit"):
-        text = _read(session, c.get("path"))
+        path = c.get("path")
+        if not isinstance(path, str) or not path:
+            return Observation("a 'path' (string) is needed")
+        text = read_text(path, (yield "read", path))
         outcome = text if isinstance(text, Observation) else view_or_edit(text, c)
         if isinstance(outcome, str):
-            session.write_files({c["path"]: outcome})
-            return Observation(f"edited {c['path']}")
+            yield "write", {path: outcome}
+            return Observation(f"edited {path}")
         return outcome
     if tool == "write":
         if not isinstance(c.get("path"), str) or not isinstance(c.get("content"), str):
             return Observation("write needs 'path' and 'content' (strings)")
-        session.write_files({c["path"]: c["content"]})
+        yield "write", {c["path"]: c["content"]}
         return Observation(f"wrote {len(c['content'].encode())} bytes to {c['path']}")
     if tool == "submit":
-        grade = session.grade()
+        grade = yield "grade", None
         return Observation(submitted(grade), grade=grade)
     return Observation(f"unknown tool {tool!r}: use bash, view, edit, write or submit")
 
@@ -113,54 +159,6 @@ def _bash(c: Dict[str, Any], timeout: float, cwd: str) -> Union[Dict[str, Any], 
     if cwd or c.get("cwd"):
         kwargs["cwd"] = c.get("cwd") or cwd
     return kwargs
-
-
-def _read(session: Session, path: Any) -> Union[str, Observation]:
-    if not isinstance(path, str) or not path:
-        return Observation("a 'path' (string) is needed")
-    return read_text(path, session.read_files([path]).get(path))
-
-
-async def arun(session: AsyncSession, call: ToolCall, *, timeout: float = 120.0, cwd: str = "", seq: int = 0) -> Observation:
-    """``run`` over an async session; ``seq``: the call's step number (a retried call never runs twice)."""
-    try:
-        return await _arun(session, parse(call), timeout, cwd, seq)
-    except InvalidArgumentError as e:
-        return refused(e)
-
-
-async def _arun(session: AsyncSession, c: Dict[str, Any], timeout: float, cwd: str, seq: int) -> Observation:
-    tool = c.get("tool")
-    if tool == "bash":
-        kwargs = _bash(c, timeout, cwd)
-        if isinstance(kwargs, Observation):
-            return kwargs
-        if seq:
-            kwargs["seq"] = seq
-        result = await session.exec(kwargs.pop("command"), **kwargs)
-        return Observation(describe(result), result.exit_code)
-    if tool in ("view", "edit"):
-        text = await _aread(session, c.get("path"))
-        outcome = text if isinstance(text, Observation) else view_or_edit(text, c)
-        if isinstance(outcome, str):
-            await session.write_files({c["path"]: outcome})
-            return Observation(f"edited {c['path']}")
-        return outcome
-    if tool == "write":
-        if not isinstance(c.get("path"), str) or not isinstance(c.get("content"), str):
-            return Observation("write needs 'path' and 'content' (strings)")
-        await session.write_files({c["path"]: c["content"]})
-        return Observation(f"wrote {len(c['content'].encode())} bytes to {c['path']}")
-    if tool == "submit":
-        grade = await session.grade()
-        return Observation(submitted(grade), grade=grade)
-    return Observation(f"unknown tool {tool!r}: use bash, view, edit, write or submit")
-
-
-async def _aread(session: AsyncSession, path: Any) -> Union[str, Observation]:
-    if not isinstance(path, str) or not path:
-        return Observation("a 'path' (string) is needed")
-    return read_text(path, (await session.read_files([path])).get(path))
 
 
 # -- the pure parts, shared with the async adapters --------------------------------------------
