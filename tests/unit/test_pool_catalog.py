@@ -23,9 +23,6 @@ class FakeImages:
         self.pulls: list[str] = []
         self.removed: list[str] = []
 
-    async def labels(self, image: str) -> dict[str, str] | None:
-        return {} if image in self.local else None
-
     async def config(self, image: str) -> dict[str, str] | None:
         return {"WorkingDir": "/testbed"} if image in self.local else None
 

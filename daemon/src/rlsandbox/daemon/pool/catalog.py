@@ -132,8 +132,7 @@ class PoolCatalog(Mapping[str, WarmPool]):
                 f"this node holds its maximum of {self.max_pools} image pools, all in use; retry later or on another node",
                 retry_after=5.0,
             )
-        await self._ensure_image(image)
-        config = await self._factory.runtime.images.config(image) or {}
+        config = await self._ensure_image(image)
         spec = maker(name, image, str(config.get("WorkingDir") or ""))
         pool = WarmPool(spec, self._factory, limiter=self._limiter, max_waiters=self._max_waiters)
         pool.set_min_ready(0)  # demand decides (rebalance)
@@ -147,10 +146,12 @@ class PoolCatalog(Mapping[str, WarmPool]):
         if image in self._pulled:
             self._pulled[image] = time.monotonic()
 
-    async def _ensure_image(self, image: str) -> None:
+    async def _ensure_image(self, image: str) -> dict[str, Any]:
+        """The image's ``Config``, the image pulled first when the node does not have it."""
         images = self._factory.runtime.images
-        if await images.labels(image) is not None:
-            return
+        config = await images.config(image)
+        if config is not None:
+            return config
         if not self.registry:
             raise FailedPrecondition(
                 f"image {image!r} is not on this node and no registry is configured (image_pools.registry): "
@@ -167,6 +168,7 @@ class PoolCatalog(Mapping[str, WarmPool]):
         self._sizes[image] = await images.size(image)
         self.pulled_total += 1
         log.info("pulled image %s from %s", image, self.registry)
+        return await images.config(image) or {}
 
     # -- demand, eviction, disk -----------------------------------------------------------------
     async def run(self) -> None:
