@@ -283,7 +283,7 @@ class DockerRuntime:
         With the container's ``info`` (inspect) on overlay2 layers this host can read, the layers
         are walked here instead (runtime/overlay.py: the engine may walk the whole image).
         A sandbox decides how long that list is: past ``max_bytes`` of JSON, FileTooLarge."""
-        layers = overlay.layer_dirs(dict(info)) if info is not None else None
+        layers = overlay.layer_dirs(info) if info is not None else None
         if layers is not None:
             native = await asyncio.to_thread(overlay.overlay_changes, *layers, max_bytes // 100)
             if native is not None:

@@ -19,7 +19,8 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rlsandbox.daemon.errors import FileTooLarge
 
@@ -30,7 +31,7 @@ OPAQUE = "trusted.overlay.opaque"
 REDIRECT = "trusted.overlay.redirect"
 
 
-def layer_dirs(info: dict[str, object]) -> tuple[str, list[str]] | None:
+def layer_dirs(info: Mapping[str, Any]) -> tuple[str, list[str]] | None:
     """(upper, lowers top first) of a container on overlay2 from its inspect answer, if readable here."""
     driver = info.get("GraphDriver")
     if not isinstance(driver, dict) or driver.get("Name") != "overlay2":
