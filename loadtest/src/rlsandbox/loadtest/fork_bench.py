@@ -15,10 +15,10 @@ files of ``file-kb`` KiB each (10 MB in 1,000 files by default) into its workspa
 - the baseline: one warm CreateSession (a hand-out);
 - a group of 8 from a fresh task session (``py-calc``): CreateSession from the task, then
   ``Fork(8)``, against one warm hand-out (the target: <= 3x). Nothing has run in the fresh
-  session, so its forks are new sessions of the task: with the task prefetched (``Prefetch(task,
-  9)``, refilled between samples) all nine are hand-outs; not prefetched, each is prepared from the
-  pool; and, as the way it was done before (and still is for a session that has run anything), the
-  same group after one ``true`` in the source, its workspace copied into each fork.
+  session, so its forks are new sessions of the task as far as it has prefetched sandboxes ready:
+  with the task prefetched (``Prefetch(task, 9)``, refilled between samples) all nine are
+  hand-outs; not prefetched, the forks are copies of the source's workspace; and the same group
+  after one ``true`` in the source (copies, as for any session that has run something).
 
 Each sample starts on a quiet node (the pool refilled to 32 ready).
 """
