@@ -285,7 +285,7 @@ class DockerRuntime:
         A sandbox decides how long that list is: past ``max_bytes`` of JSON, FileTooLarge."""
         layers = overlay.layer_dirs(info) if info is not None else None
         if layers is not None:
-            native = await asyncio.to_thread(overlay.overlay_changes, *layers, max_bytes // 100)
+            native = await asyncio.to_thread(overlay.overlay_changes, *layers, max_bytes)
             if native is not None:
                 return native
         chunks: list[bytes] = []

@@ -9,7 +9,8 @@ python image whatever the container changed (10 ms for busybox). The container's
 
 The layer is the sandbox's to shape (names, depth, links, millions of files), so the walk follows
 no link (``lstat``, ``scandir`` without following), looks into a lower layer only down a chain of
-real folders, never recurses (a stack), and stops past ``max_paths``. A name that is not UTF-8,
+real folders, never recurses (a stack), and stops past ``max_bytes`` of paths, as the engine's
+diff stops past that much JSON. A name that is not UTF-8,
 a folder renamed through overlay's ``redirect_dir``, or a layer this process cannot read means
 None: the engine's diff is used instead.
 """
@@ -25,6 +26,7 @@ from typing import Any
 from rlsandbox.daemon.errors import FileTooLarge
 
 CHANGED, ADDED, DELETED = 0, 1, 2
+PER_PATH = 32  # bytes counted for each path besides its own (the engine's JSON: ~30 per entry)
 OPAQUE = "trusted.overlay.opaque"
 # A folder renamed on a kernel with overlay's redirect_dir keeps its files in the lower layers,
 # found through this mark; the engine's diff is used then (Docker turns its native diff off there).
@@ -75,12 +77,21 @@ def _open_folder(path: bytes) -> int | None:
     return None
 
 
-def overlay_changes(upper: str, lowers: Sequence[str], max_paths: int) -> list[tuple[str, int]] | None:
+def overlay_changes(upper: str, lowers: Sequence[str], max_bytes: int) -> list[tuple[str, int]] | None:
     """(path, kind) of what the layer ``upper`` changed over ``lowers``, kinds as the engine's.
     A folder made opaque (deleted, then made again) is a change, and what the lower layers had in
-    it is listed as deleted. Raises FileTooLarge past ``max_paths``."""
+    it is listed as deleted. Raises FileTooLarge past ``max_bytes`` of paths (as the engine's diff
+    is bounded by its length: deep trees make long paths, and every one is held)."""
     root = os.fsencode(os.path.realpath(upper))
     out: list[tuple[str, int]] = []
+    left = max_bytes
+
+    def spend(path_length: int) -> None:
+        nonlocal left
+        left -= path_length + PER_PATH
+        if left < 0:
+            raise FileTooLarge(f"the container's diff is over {max_bytes} bytes")
+
     # (folder below the upper layer, its path in the container, the lower layers where it is a real folder)
     stack: list[tuple[bytes, str, list[bytes]]] = [(b"", "", [os.fsencode(p) for p in lowers])]
     while stack:
@@ -91,7 +102,11 @@ def overlay_changes(upper: str, lowers: Sequence[str], max_paths: int) -> list[t
                 continue
             return None
         try:
-            entries = [(e.name, e.stat(follow_symlinks=False)) for e in os.scandir(fd)]
+            entries: list[tuple[str, os.stat_result]] = []
+            with os.scandir(fd) as listing:
+                for e in listing:  # a folder of millions: counted as listed, never held whole
+                    spend(len(path) + 1 + len(e.name))
+                    entries.append((e.name, e.stat(follow_symlinks=False)))
             marks = {}
             for mark in (OPAQUE, REDIRECT):
                 with contextlib.suppress(OSError):
@@ -104,10 +119,12 @@ def overlay_changes(upper: str, lowers: Sequence[str], max_paths: int) -> list[t
             return None
         if marks.get(OPAQUE) == b"y" and below:  # deleted and made again: what was below is gone
             hidden = {n for folder in below for n in _names(folder)} - {os.fsencode(n) for n, _ in entries}
-            try:
-                out.extend((f"{path}/{n.decode()}", DELETED) for n in sorted(hidden))
-            except UnicodeDecodeError:
-                return None
+            for n in sorted(hidden):
+                try:
+                    out.append((f"{path}/{n.decode()}", DELETED))
+                except UnicodeDecodeError:
+                    return None
+                spend(len(out[-1][0]))
             below = []
         for name, st in entries:
             try:
@@ -124,6 +141,4 @@ def overlay_changes(upper: str, lowers: Sequence[str], max_paths: int) -> list[t
                 if stat.S_ISDIR(st.st_mode):
                     real = [os.path.join(b, raw) for b, x in zip(below, lower, strict=True) if x and stat.S_ISDIR(x.st_mode)]
                     stack.append((rel + b"/" + raw, child, real))
-            if len(out) > max_paths:
-                raise FileTooLarge(f"the container's diff is over {max_paths} paths")
     return out

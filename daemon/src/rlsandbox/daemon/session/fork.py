@@ -170,7 +170,7 @@ class Forker:
                 changes = await self.runtime.changes(cid, timeout=self.timeout, info=info)
             except FileTooLarge:
                 raise FailedPrecondition(
-                    "the session changed too many paths to fork (its diff is over ~160,000 paths); fork earlier, "
+                    "the session changed too many paths to fork (its diff is over 16 MiB); fork earlier, "
                     "or keep the episode's files in the workspace"
                 ) from None
             copies, deletes = plan_changes(changes, [*volumes, *others, *tmpfs], collapsible=[workdir, *SCRATCH])
