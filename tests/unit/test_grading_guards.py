@@ -335,3 +335,45 @@ async def test_a_task_workspace_is_re_owned_once_for_a_recycling_pool(monkeypatc
     assert packs == [1000] and len(uploads) == 4 and len({bytes(u) for u in uploads}) == 1
     await ws.put(sandbox, "/w", tar)  # type: ignore[arg-type]  # a one-off tar (a clean room's changes): not kept
     assert packs == [1000, 1000]
+
+
+def test_only_commands_a_shell_reads_word_for_word_run_from_the_warm_pytest() -> None:
+    """The warm run is `python -m pytest ARGS` exactly as sh would have started it; anything a shell
+    would read differently (quotes, globs, expansions, lists, redirections), another module, an
+    interpreter option or an interpreter setting the warm run cannot reproduce runs cold."""
+    from rlsandbox.daemon.grading.guard import warm_pytest
+    from rlsandbox.daemon.model import WarmRun
+
+    grade_env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTEST_ADDOPTS": "-p g"}
+    assert warm_pytest("python3 -m pytest -rA -p no:cacheprovider tests", grade_env) == (
+        WarmRun("python3", "pytest", ("-rA", "-p", "no:cacheprovider", "tests")),
+        {},
+    )
+    assert warm_pytest("PYTHONPATH=src  python3 -m pytest  tests/test_a.py::test_x", grade_env) == (
+        WarmRun("python3", "pytest", ("tests/test_a.py::test_x",)),
+        {"PYTHONPATH": "src"},
+    )
+    assert warm_pytest("/usr/bin/python3.11 -m pytest", {}) == (WarmRun("/usr/bin/python3.11", "pytest", ()), {})
+    for command in (
+        "python3 -m pytest tests; true",
+        "python3 -m pytest tests && echo ok",
+        "python3 -m pytest tests | tee out",
+        "python3 -m pytest tests > out",
+        "python3 -m pytest tests/test_*.py",
+        "python3 -m pytest 'tests'",
+        "python3 -m pytest -k \"not slow\"",
+        "python3 -m pytest $TESTS",
+        "python3 -m pytest ~/tests",
+        "python3 -m pytest `ls`",
+        "python3 -m pytest tests/test_a.py::test_p[1]",
+        "cd sub && python3 -m pytest",
+        "python3 -X importtime -m pytest",
+        "python3 -m unittest",
+        "pytest tests",
+        "node -m pytest",
+        "PYTHONHASHSEED=0 python3 -m pytest",
+        "PYTHONSAFEPATH=1 python3 -m pytest",
+    ):
+        assert warm_pytest(command, grade_env) is None, command
+    for variable in ("PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONUNBUFFERED", "PYTHONOPTIMIZE", "PYTHONSTARTUP"):
+        assert warm_pytest("python3 -m pytest", {**grade_env, variable: "1"}) is None, variable

@@ -199,6 +199,9 @@ class DaemonConfig(BaseModel):
     # Grading (docs/GRADING.md): what tampering detected in a clean room does to the reward when the
     # task does not say: "strict" (reward 0) or "report" (listed only).
     grading_tampering_policy: Literal["strict", "report"] = "strict"
+    # A recycling pool's clean room forks pytest from a warm interpreter that has imported it
+    # (docs/GRADING.md, "Warm pytest"); false: every grade starts its own.
+    grading_warm_pytest: bool = True
     pools: list[PoolConfig] = Field(default_factory=_default_pools)
     image_pools: ImagePools = Field(default_factory=ImagePools)
 

@@ -92,6 +92,16 @@ class ExecRequest:
     # The daemon's own commands, never an episode's (the API has no such field):
     as_root: bool = False  # as the agent's user, where the episode's commands run as another
     cap_kills: bool = False  # killed once its stdout passes stdout_cap (a bounded read)
+    # The same command as `python -m module args`, which a recycling sandbox may fork from its warm
+    # interpreter (the clean room's pytest; agent/sandbox_agent.py, "warm Python"); else ``shell``.
+    warm: WarmRun | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WarmRun:
+    python: str
+    module: str
+    args: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)

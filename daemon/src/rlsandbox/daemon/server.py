@@ -99,6 +99,7 @@ class NodeDaemon:
             self.pools,
             acquire_timeout=config.default_acquire_timeout,
             tampering_policy=config.grading_tampering_policy,
+            warm_pytest=config.grading_warm_pytest,
         )
         self.events: EventPublisher | None = None
         if config.nats_url:

@@ -11,8 +11,10 @@ In one run, on the python image, each phase on a settled node (the previous phas
 - short-recycled: the same on a pool with verified recycling (a reset sandbox serves the next
   episode; docs/RELIABILITY.md);
 - graded: a session from the small pytest task py-calc -> 3 steps -> clean-room grade -> close,
-  ``workers // 2`` at once (graded-recycled: the same in a recycling pool; graded-prefetched: and
-  with the task prefetched, so the session and its clean room are hand-outs);
+  ``workers // 2`` at once (graded-recycled: the same in a recycling pool, whose clean rooms fork
+  pytest from a warm interpreter; graded-recycled-cold: with the task's ``warm_runner`` off, every
+  grade starting its own; graded-prefetched: warm, and with the task prefetched, so the session
+  and its clean room are hand-outs);
 - memory: the idle sandboxes of the fresh and the recycled pool after their phases (cgroup figures);
 - burst (not by default): 1,000 CreateSession calls at once from a pool holding 1,000 ready sandboxes;
 - handout: CreateSession from a task with a real repository's workspace (pip, setuptools, mypy and
@@ -66,6 +68,13 @@ max_total = 96
 
 
 Episode = Callable[[dict[str, list[float]]], Awaitable[None]]
+GRADED = (
+    ("graded", "python"),
+    ("graded-recycled-cold", "recycled"),
+    ("graded-recycled", "recycled"),
+    ("graded-prefetched", "recycled"),
+)
+GRADED_PHASES = tuple(phase for phase, _ in GRADED)
 
 RECYCLED = """
 [[pools]]
@@ -173,10 +182,11 @@ async def short_episodes(client: AsyncClient, pool: str, seconds: float, workers
 
 
 async def graded_episodes(
-    client: AsyncClient, pool: str, seconds: float, workers: int, *, prefetch: bool = False
+    client: AsyncClient, pool: str, seconds: float, workers: int, *, prefetch: bool = False, warm: bool = True
 ) -> dict[str, Any]:
     calc = next(t for t in load_tasks(REPO / "tests" / "fixtures" / "tasks") if t.id == "py-calc")
-    task: Any = Task(calc.spec.model_copy(update={"pool": pool}), calc.workspace_tar)
+    ev = calc.spec.evaluation.model_copy(update={"warm_runner": warm})
+    task: Any = Task(calc.spec.model_copy(update={"pool": pool, "evaluation": ev}), calc.workspace_tar)
     if prefetch:  # a session and a clean room per episode, prepared ahead
         task = await client.prefetch(task, 2 * workers, ttl=120)
         while (task := await client.prefetch(task, 2 * workers, ttl=120)).ready < 2 * workers:
@@ -335,17 +345,18 @@ async def bench(seconds: float, workers: int, phases: list[str]) -> dict[str, An
             await wait_quiet(client, timeout=900)
             results["burst_health"] = await burst_of_health_checks(daemon.address, BURST_SESSIONS)
             results["burst"] = await burst_of_creates(client, BURST_SESSIONS)
-        for phase, pool in (("graded", "python"), ("graded-recycled", "recycled"), ("graded-prefetched", "recycled")):
+        for phase, pool in GRADED:
             if phase in phases:
                 await wait_quiet(client)
                 prefetch = phase == "graded-prefetched"
-                results[phase] = await graded_episodes(client, pool, seconds, max(1, workers // 2), prefetch=prefetch)
+                warm = phase != "graded-recycled-cold"
+                results[phase] = await graded_episodes(client, pool, seconds, max(1, workers // 2), prefetch=prefetch, warm=warm)
         if "handout" in phases:
             results["handout"] = await handouts(client, 10)
     results["daemon_exit_code"] = daemon.exit_code
     base = results.get("engine", {}).get("episodes_per_s")
     if base:
-        for phase in ("short", "short-recycled", "graded", "graded-recycled", "graded-prefetched"):
+        for phase in ("short", "short-recycled", *GRADED_PHASES):
             if phase in results:
                 results[f"ratio_{phase}_over_engine"] = results[phase]["episodes_per_s"] / base
     results["machine"] = machine()
@@ -355,7 +366,7 @@ async def bench(seconds: float, workers: int, phases: list[str]) -> dict[str, An
 def render(r: dict[str, Any]) -> str:
     lines = [f"{r['workers']} workers, {r['seconds']:.0f} s per phase", ""]
     lines += ["| phase | episodes | episodes/s | x engine | errors |", "|---|---|---|---|---|"]
-    for phase in ("engine", "short", "short-recycled", "graded", "graded-recycled", "graded-prefetched"):
+    for phase in ("engine", "short", "short-recycled", *GRADED_PHASES):
         if phase in r:
             p = r[phase]
             ratio = r.get(f"ratio_{phase}_over_engine")
@@ -364,7 +375,7 @@ def render(r: dict[str, Any]) -> str:
             lines.append(f"| {phase} | {p['episodes']} | {p['episodes_per_s']:.1f} | {times} | {errors} |")
     rows = [
         (f"{phase}: {name}", s)
-        for phase in ("engine", "short", "short-recycled", "graded", "graded-recycled", "graded-prefetched")
+        for phase in ("engine", "short", "short-recycled", *GRADED_PHASES)
         if phase in r
         for name, s in r[phase]["phases"].items()
     ]
@@ -409,7 +420,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument(
-        "--phases", default="engine,short,short-recycled,graded,graded-recycled,graded-prefetched,handout,memory"
+        "--phases",
+        default="engine,short,short-recycled,graded,graded-recycled-cold,graded-recycled,graded-prefetched,handout,memory",
     )  # also: burst (1,000 CreateSession at once from 1,000 warm busybox sandboxes)
 
 

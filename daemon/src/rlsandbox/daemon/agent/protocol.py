@@ -89,6 +89,8 @@ def exec_request(req: ExecRequest, *, stream: bool) -> tuple[dict[str, Any], byt
         meta["root"] = True
     if req.cap_kills:
         meta["cap_kills"] = True
+    if req.warm is not None:
+        meta["warm"] = {"python": req.warm.python, "module": req.warm.module, "args": list(req.warm.args)}
     return meta, req.stdin
 
 

@@ -31,6 +31,7 @@ from rlsandbox.daemon.grading.guard import (
     keeps_guard_out,
     read_guard_log,
     split_records,
+    warm_pytest,
 )
 from rlsandbox.daemon.grading.patches import PatchError, apply_patch, patch_paths
 from rlsandbox.daemon.grading.prepare import STEP_TIMEOUT, ReadTimedOut, Workspaces
@@ -78,6 +79,8 @@ class Grader:
         acquire_timeout: how long to wait for a clean-room sandbox.
         tampering_policy: "strict" (tampering detected makes the reward 0) or "report", for tasks
             that do not say.
+        warm_pytest: a recycling room forks pytest from its warm interpreter where the test command
+            allows (guard.warm_pytest) instead of starting it.
     """
 
     def __init__(
@@ -87,12 +90,14 @@ class Grader:
         *,
         acquire_timeout: float = 60.0,
         tampering_policy: str = "strict",
+        warm_pytest: bool = True,
     ) -> None:
         self.runtime = runtime
         self.pools = pools
         self.workspaces = Workspaces(runtime, pools)
         self.acquire_timeout = acquire_timeout
         self.tampering_policy = tampering_policy
+        self.warm_pytest = warm_pytest
         self.max_workspace_bytes = MAX_SNAPSHOT_BYTES
         self.agent_read_timeout = STEP_TIMEOUT  # past it, the agent's workspace scores 0 (its contents decide)
         self._facts: dict[tuple[object, ...], ImportFacts | None] = {}
@@ -307,9 +312,23 @@ class Grader:
             failed = [w for w in written if w.error]
             if failed:
                 raise FailedPrecondition(f"grader could not install the pytest guard: {failed[0].path}: {failed[0].error}")
-        with tracing.span("grade.tests", **{"rlsandbox.guarded": guard is not None}):
+        warm = None
+        if guard is not None and owned and self.warm_pytest and ev.warm_runner and not keeps_guard_out(ev.test_command):
+            found = warm_pytest(command, env)
+            if found is not None:
+                warm, assigned = found
+                env.update(assigned)  # as the shell would have set them for the run
+        with tracing.span("grade.tests", **{"rlsandbox.guarded": guard is not None, "rlsandbox.warm": warm is not None}):
             run = await room.exec(
-                ExecRequest(shell=command, cwd=ws, env=env, timeout=ev.timeout, stdout_cap=OUTPUT_CAP, stderr_cap=OUTPUT_CAP)
+                ExecRequest(
+                    shell=command,
+                    cwd=ws,
+                    env=env,
+                    timeout=ev.timeout,
+                    stdout_cap=OUTPUT_CAP,
+                    stderr_cap=OUTPUT_CAP,
+                    warm=warm,
+                )
             )
         stderr = split_records(run.stderr)[1] if guard is not None else run.stderr  # the guard's records apart
         stdout = split_records(run.stdout)[1] if guard is not None else run.stdout

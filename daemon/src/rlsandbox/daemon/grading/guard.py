@@ -15,11 +15,13 @@ import hmac
 import json
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
 
 from rlsandbox.daemon.grading.reports import Outcome, TestCase, TestReport
+from rlsandbox.daemon.model import WarmRun
 
 GUARD_SOURCE = (Path(__file__).with_name("pytest_guard.py")).read_bytes()
 CFG_ENV = "RLSANDBOX_GUARD_CFG"
@@ -58,6 +60,32 @@ _KEEPS_OUT = re.compile(
 def keeps_guard_out(test_command: str) -> bool:
     """Whether the test command keeps the pytest guard from loading (see _KEEPS_OUT)."""
     return bool(_KEEPS_OUT.search(test_command))
+
+
+# A test command a recycling room may fork from its warm pytest (agent/sandbox_agent.py, "warm
+# Python"): `[NAME=value ...] python3 -m pytest ARGS`, made of words a shell reads as they are (no
+# quotes, globs, expansions, redirections or lists), in an environment whose interpreter settings
+# the warm run reproduces. Anything else runs as a shell command, as before.
+_PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+_PYTHON = re.compile(r"python3?|/[A-Za-z0-9_./-]*/python3(?:\.[0-9]+)?")
+_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)")
+WARM_ENV = frozenset({"PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONNOUSERSITE", "PYTHONUSERBASE"})
+
+
+def warm_pytest(command: str, env: Mapping[str, str]) -> tuple[WarmRun, dict[str, str]] | None:
+    """The warm form of ``command`` and the variables it assigns inline, or None."""
+    words = command.split()
+    if not words or not all(_PLAIN.fullmatch(w) for w in words):
+        return None
+    assigned: dict[str, str] = {}
+    while words and (m := _ASSIGN.fullmatch(words[0])):
+        assigned[m[1]] = m[2]
+        words.pop(0)
+    if len(words) < 3 or not _PYTHON.fullmatch(words[0]) or words[1:3] != ["-m", "pytest"]:
+        return None
+    if any(k.startswith("PYTHON") and k not in WARM_ENV for k in {**env, **assigned}):
+        return None
+    return WarmRun(words[0], "pytest", tuple(words[3:])), assigned
 
 
 def guard_setup(report_dir: str) -> GuardSetup:

@@ -136,6 +136,12 @@ class EvaluationSpec(_Model):
         "that reaches into the runner) makes the reward the policy's minimum; report: it is only listed. "
         "Default: the node's grading_tampering_policy (strict).",
     )
+    warm_runner: bool = Field(
+        True,
+        description="In a recycling pool, a test command of the form `python3 -m pytest ARGS` may be forked from a "
+        "warm interpreter that imported pytest once (same user, path, arguments and environment as a fresh one). "
+        "false: every grade starts a fresh interpreter (for tests that depend on one, such as on hash randomization).",
+    )
 
     @field_validator("report_format")
     @classmethod

@@ -1,0 +1,147 @@
+"""Warm pytest: a recycling pool's clean room forks the test runner from a warm interpreter that
+imported it once (agent/sandbox_agent.py, "warm Python"). The runs it forks must be the runs a cold
+`python3 -m pytest` would have been (same user, path, arguments, environment, results), and the
+warm interpreter must stay out of every episode's reach."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from helpers import daemon_config, running_daemon
+from rlsandbox.client import AsyncClient, AsyncSession
+from rlsandbox.daemon.config import PoolConfig
+from rlsandbox.daemon.grading.task import Task, load_tasks
+from rlsandbox.daemon.server import NodeDaemon
+
+pytestmark = pytest.mark.docker
+
+CALC = Path(__file__).resolve().parent.parent / "fixtures" / "tasks" / "py-calc"
+FIX = "def add(a, b):\n    return a + b\n\n\ndef multiply(a, b):\n    return a * b\n"
+# A hidden test that says who ran it: the process that started pytest, the user, what it imports from.
+WHERE = (
+    "import json, os, sys\n"
+    "def test_where():\n"
+    "    parent = open('/proc/%d/cmdline' % os.getppid(), 'rb').read().replace(b'\\0', b' ').decode()\n"
+    "    facts = {'parent': parent, 'uid': os.getuid(), 'gid': os.getgid(), 'groups': os.getgroups(),\n"
+    "             'path': sys.path, 'argv': sys.argv[1:], 'env': sorted(os.environ), 'cwd': os.getcwd(),\n"
+    "             'proc': os.stat('/proc/self/fd').st_uid, 'bytecode': sys.dont_write_bytecode}\n"
+    "    print('WHERE' + json.dumps(facts) + 'WHERE')\n"
+)
+WARM_PROCESS = r"""
+import os
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            cmd = open("/proc/%s/cmdline" % pid, "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"--warm" in cmd:
+            print(pid)
+"""
+
+
+@pytest.fixture(scope="module")
+async def node(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
+    pools = [
+        PoolConfig(
+            name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=2, read_only_root=True,
+            recycle=True, max_reuses=100,
+        ),
+    ]  # fmt: skip
+    async with running_daemon(daemon_config(pools=pools)) as daemon:
+        yield daemon
+
+
+@pytest.fixture(scope="module")
+def task() -> Task:
+    calc = load_tasks(CALC / "task.yaml")[0]
+    ev = calc.spec.evaluation
+    hidden = {**ev.hidden_tests, "tests/test_where.py": WHERE}
+    spec = calc.spec.model_copy(update={"evaluation": ev.model_copy(update={"hidden_tests": hidden})})
+    return Task(spec, calc.workspace_tar)
+
+
+def _where(log: bytes) -> dict[str, object]:
+    found = re.search(r"WHERE(\{.*?\})WHERE", log.decode(errors="replace"))
+    assert found, log.decode(errors="replace")[-3000:]
+    facts: dict[str, object] = json.loads(found[1])
+    return facts
+
+
+async def _graded(client: AsyncClient, task: Task, fixed: bool) -> tuple[float | None, dict[str, object]]:
+    async with client.session(task=task, acquire_timeout=60) as s:
+        if fixed:
+            await s.write_files({"calc/__init__.py": FIX})
+        r = await s.grade()
+    assert r.status == "ok" and not r.tampering, (r.message, r.tampering, r.log.decode()[-2000:])
+    return r.reward, _where(r.log)
+
+
+def _same_run(facts: dict[str, object]) -> dict[str, object]:
+    """What a run must have whatever started it (the report folder's name is random per grade)."""
+    out = dict(facts)
+    out.pop("parent")
+    out["path"] = [re.sub(r"\.rlsandbox-grade-[0-9a-f]+", "REPORT", p) for p in facts["path"]]  # type: ignore[attr-defined]
+    return out
+
+
+async def test_a_recycling_room_forks_pytest_from_its_warm_interpreter_as_a_cold_run_would_be(
+    node: NodeDaemon, task: Task
+) -> None:
+    async with AsyncClient(node.address, timeout=120) as client:
+        runs = [await _graded(client, task, fixed=i % 2 == 0) for i in range(8)]
+    rewards = [reward for reward, _ in runs]
+    assert rewards == [1.0, 0.0] * 4  # the fix passes and the bug fails, warm or not
+    warm = [facts for _, facts in runs if "--warm pytest" in str(facts["parent"])]
+    cold = [facts for _, facts in runs if "--warm" not in str(facts["parent"])]
+    # Each of the two sandboxes runs its first grade the usual way while its warm interpreter starts.
+    assert warm and cold, [facts["parent"] for _, facts in runs]
+    for facts in warm + cold:
+        assert facts["uid"] == facts["gid"] != 0 and facts["groups"] == [], facts  # the episode's user
+        assert facts["proc"] == facts["uid"], facts  # its /proc/self is its own, as after an exec
+    # Same user, path, arguments, environment, working folder as the cold run.
+    for f in warm:
+        assert _same_run(f) == _same_run(cold[0]), json.dumps([_same_run(f), _same_run(cold[0])], indent=1)
+
+
+async def test_the_warm_interpreter_is_out_of_the_episodes_reach(node: NodeDaemon, task: Task) -> None:
+    """An episode in a sandbox whose warm interpreter is alive can neither kill, trace nor read it,
+    finds nothing else left behind, and the grades after it are still right."""
+    async with AsyncClient(node.address, timeout=120) as client:
+        for _ in range(6):
+            await _graded(client, task, fixed=True)
+        attacked = 0
+        for _ in range(6):
+            async with client.session("python", acquire_timeout=60) as s:
+                pids = (await s.exec(["python3", "-c", WARM_PROCESS])).stdout.split()
+                if not pids:
+                    continue
+                attacked += 1
+                pid = pids[0].decode()
+                await _attack(s, pid)
+        assert attacked, "no episode met a warm interpreter"
+        for i in range(4):
+            reward, _ = await _graded(client, task, fixed=i % 2 == 0)
+            assert reward == (1.0 if i % 2 == 0 else 0.0)
+
+
+async def _attack(s: AsyncSession, pid: str) -> None:
+    owner = (await s.exec(f"stat -c %u /proc/{pid}")).stdout.strip()
+    assert owner == b"0"
+    for attempt in (
+        f"kill -9 {pid}",
+        f"kill -STOP {pid}",
+        f"cat /proc/{pid}/environ",
+        f"head -c 1 /proc/{pid}/mem",
+        f"ls /proc/{pid}/fd",
+        "python3 -c 'import ctypes,sys; l=ctypes.CDLL(None,use_errno=True); "
+        f"sys.exit(0 if l.ptrace(16, {pid}, 0, 0) == 0 else 1)'",  # PTRACE_ATTACH
+    ):
+        r = await s.exec(attempt)
+        assert r.exit_code != 0, (attempt, r)
+    state = (await s.exec(f"cat /proc/{pid}/stat")).stdout.split()[2]
+    assert state in (b"S", b"R"), state  # still alive, not stopped
