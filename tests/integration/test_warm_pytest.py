@@ -5,8 +5,11 @@ warm interpreter must stay out of every episode's reach."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
+import tarfile
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from helpers import daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, AsyncSession
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.grading.task import Task, load_tasks
+from rlsandbox.daemon.runtime.docker import DockerRuntime
 from rlsandbox.daemon.server import NodeDaemon
 
 pytestmark = pytest.mark.docker
@@ -28,7 +32,8 @@ WHERE = (
     "    parent = open('/proc/%d/cmdline' % os.getppid(), 'rb').read().replace(b'\\0', b' ').decode()\n"
     "    facts = {'parent': parent, 'uid': os.getuid(), 'gid': os.getgid(), 'groups': os.getgroups(),\n"
     "             'path': sys.path, 'argv': sys.argv[1:], 'env': sorted(os.environ), 'cwd': os.getcwd(),\n"
-    "             'proc': os.stat('/proc/self/fd').st_uid, 'bytecode': sys.dont_write_bytecode}\n"
+    "             'proc': os.stat('/proc/self/fd').st_uid, 'bytecode': sys.dont_write_bytecode,\n"
+    "             'probe': getattr(__import__('builtins'), 'RLSB_PROBE', None)}\n"
     "    print('WHERE' + json.dumps(facts) + 'WHERE')\n"
 )
 WARM_PROCESS = r"""
@@ -44,14 +49,40 @@ for pid in os.listdir("/proc"):
 """
 
 
+# An image whose site-packages reaches into the workspace at every interpreter start, as editable
+# installs do (a path line), with an import line for a module the image does not have: whatever an
+# episode names so in the workspace runs in every Python process that starts while it is there.
+PTH_IMAGE = (
+    "FROM rlsandbox/python-task:latest\n"
+    "RUN echo '/workspace' > /usr/lib/python3/dist-packages/zz-workspace.pth"
+    " && echo 'import rlsb_probe' >> /usr/lib/python3/dist-packages/zz-workspace.pth\n"
+)
+# The episode's module for it: it records the user of every interpreter that imported it.
+PROBE = "import builtins, os\nbuiltins.RLSB_PROBE = os.getuid()\n"
+
+
 @pytest.fixture(scope="module")
-async def node(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
+async def pth_image(images: dict[str, str], docker_runtime: DockerRuntime) -> AsyncIterator[str]:
+    tag = f"rls-test/warm-pth:{uuid.uuid4().hex[:8]}"
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(PTH_IMAGE)
+        tar.addfile(info, io.BytesIO(PTH_IMAGE.encode()))
+    await docker_runtime.images.build(context.getvalue(), tag=tag, labels={"rlsandbox.test": "1"})
+    try:
+        yield tag
+    finally:
+        await docker_runtime.images.remove(tag)
+
+
+@pytest.fixture(scope="module")
+async def node(images: dict[str, str], pth_image: str) -> AsyncIterator[NodeDaemon]:
+    recycling = {"min_ready": 2, "max_total": 2, "read_only_root": True, "recycle": True, "max_reuses": 100}
     pools = [
-        PoolConfig(
-            name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=2, read_only_root=True,
-            recycle=True, max_reuses=100,
-        ),
-    ]  # fmt: skip
+        PoolConfig(name="python", image="rlsandbox/python-task:latest", **recycling),
+        PoolConfig(name="pth", image=pth_image, **recycling),
+    ]
     async with running_daemon(daemon_config(pools=pools)) as daemon:
         yield daemon
 
@@ -72,10 +103,14 @@ def _where(log: bytes) -> dict[str, object]:
     return facts
 
 
-async def _graded(client: AsyncClient, task: Task, fixed: bool) -> tuple[float | None, dict[str, object]]:
+async def _graded(
+    client: AsyncClient, task: Task, fixed: bool, extra: dict[str, str] | None = None
+) -> tuple[float | None, dict[str, object]]:
     async with client.session(task=task, acquire_timeout=60) as s:
         if fixed:
             await s.write_files({"calc/__init__.py": FIX})
+        if extra:
+            await s.write_files(extra)
         r = await s.grade()
     assert r.status == "ok" and not r.tampering, (r.message, r.tampering, r.log.decode()[-2000:])
     return r.reward, _where(r.log)
@@ -145,3 +180,18 @@ async def _attack(s: AsyncSession, pid: str) -> None:
         assert r.exit_code != 0, (attempt, r)
     state = (await s.exec(f"cat /proc/{pid}/stat")).stdout.split()[2]
     assert state in (b"S", b"R"), state  # still alive, not stopped
+
+
+async def test_no_file_of_an_episode_ever_runs_in_the_warm_interpreter(node: NodeDaemon, task: Task) -> None:
+    """In an image whose .pth imports a module from the workspace at every start, an episode that
+    puts that module in its workspace gets it run by its grades' test processes, as its user, as
+    a fresh interpreter would: never by the warm interpreter, which is root and outlives episodes.
+    (The warm interpreter starts at a reset, when no episode's file exists anywhere.)"""
+    pth_task = Task(task.spec.model_copy(update={"pool": "pth"}), task.workspace_tar)
+    async with AsyncClient(node.address, timeout=120) as client:
+        runs = [await _graded(client, pth_task, fixed=True, extra={"rlsb_probe.py": PROBE}) for _ in range(6)]
+    assert [reward for reward, _ in runs] == [1.0] * 6
+    warm = [facts for _, facts in runs if "--warm pytest" in str(facts["parent"])]
+    assert warm, [facts["parent"] for _, facts in runs]
+    # The child imported it while processing the .pth as the episode's user, as a cold run does.
+    assert {facts["probe"] for _, facts in runs} == {warm[0]["uid"]}, [facts["probe"] for _, facts in runs]

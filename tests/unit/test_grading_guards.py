@@ -361,7 +361,7 @@ def test_only_commands_a_shell_reads_word_for_word_run_from_the_warm_pytest() ->
         "python3 -m pytest tests > out",
         "python3 -m pytest tests/test_*.py",
         "python3 -m pytest 'tests'",
-        "python3 -m pytest -k \"not slow\"",
+        'python3 -m pytest -k "not slow"',
         "python3 -m pytest $TESTS",
         "python3 -m pytest ~/tests",
         "python3 -m pytest `ls`",

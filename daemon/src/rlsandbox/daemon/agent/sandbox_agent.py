@@ -702,6 +702,8 @@ class Agent(object):
         self.resets = 0
         self.warm = {}  # (python, module) -> _Warm: warm interpreters (recycling pools only)
         self.warm_by_fd = {}
+        self.warm_wanted = set()  # (python, module) a run asked for: started at the next reset
+        self.warm_failed = set()  # ... that could not start: never tried again
         self.running = True
         self.shell_path = "/bin/sh"
         self.bash_path = next((p for p in ("/bin/bash", "/usr/bin/bash") if os.path.exists(p)), None)
@@ -1066,6 +1068,13 @@ class Agent(object):
             return {"ok": False, "why": why, "checks": checks}
         checks.append("mounts")
         self.resets += 1
+        # Nothing of any episode is left anywhere its user could write: the moment a warm
+        # interpreter may start (it has imported everything before this answer goes out).
+        for key in sorted(self.warm_wanted - set(self.warm) - self.warm_failed):
+            try:
+                _Warm(self, key[0], key[1]).wait_ready(WARM_START_TIMEOUT)
+            except OSError:
+                self.warm_failed.add(key)
         return {"ok": True, "why": "", "checks": checks, "resets": self.resets}
 
     def _retry_spawns(self):
@@ -1213,17 +1222,22 @@ class Agent(object):
 # forks one child per run. The child becomes the episode's user and takes the run's pipes, working
 # folder, environment and import path as `python3 -m MODULE ARGS` would have had them.
 #
-# What the warm interpreter may hold is what the image holds: it imports nothing from a place the
-# episode's user can write (its path keeps read-only folders only, import hooks that `.pth` files
-# installed are set aside, and every module it loaded is checked), reads nothing after that but the
-# agent's requests, over a socket pair only the agent has, and is out of the reach of the episode's
-# user, whose processes can neither signal nor trace it. A reset spares it (every process of the
-# episode's user ends at once, then every other one but it). A run whose import roots hold a module
-# of the same name as one the warm interpreter has loaded runs the usual way: there the module the
-# run would import is the workspace's.
+# What the warm interpreter may hold is what the image holds. It starts only at the end of a
+# successful reset, when every place the episode's user can write has just been proven empty, and
+# the agent waits until it has imported everything (so its start-up, `.pth` files and
+# `sitecustomize` included, sees no file of any episode or task). It imports from read-only
+# folders only (import hooks that `.pth` files installed are set aside; every module it loaded is
+# checked), reads nothing after that but the agent's requests, over a socket pair only the agent
+# has, and is out of the reach of the episode's user, whose processes can neither signal nor trace
+# it. A reset spares it (every process of the episode's user ends at once, then every other one but
+# it). The first warm-eligible run of a sandbox runs the usual way and asks for a warm interpreter
+# at the next reset. A run whose import roots hold a module named like one the warm interpreter has
+# loaded runs the usual way too: there the module the run would import is the workspace's.
 WARM_MODULES = ("pytest",)
 WARM_IDLE = 120.0  # seconds a warm interpreter with nothing to run waits before it exits (memory back)
 WARM_FORK_TIMEOUT = 5.0  # seconds the agent waits for a warm interpreter to fork a run
+WARM_START_TIMEOUT = 20.0  # seconds a reset waits for a warm interpreter's imports
+WARM_MAX_REQUEST = 60000  # bytes: a larger run (a huge environment) runs the usual way
 
 
 class _Warm(object):
@@ -1263,11 +1277,33 @@ class _Warm(object):
         agent.by_pid[self.pid] = self
         agent.sel.register(mine, selectors.EVENT_READ, "warm")
         agent.warm_by_fd[mine.fileno()] = self
+        agent.warm[self.key] = self
+
+    def wait_ready(self, timeout):
+        """Block until it has imported everything (True), or end it (False)."""
+        deadline = time.monotonic() + timeout
+        try:
+            while self.alive and self.modules is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.sock.settimeout(left)
+                msg = self.sock.recv(1 << 20)
+                if not msg:
+                    break
+                self.on_message(msg)
+        except (OSError, ValueError):
+            pass
+        if self.alive:
+            self.sock.setblocking(False)
+        if self.modules is None:
+            self.close()
+        return self.modules is not None
 
     def on_input(self):
         while self.alive:
             try:
-                msg = self.sock.recv(65536)
+                msg = self.sock.recv(1 << 20)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -1290,18 +1326,18 @@ class _Warm(object):
             if owner is not None:
                 owner.on_exit(int(m["status"]))
 
-    def spawn(self, args, env, cwd, fds):
+    def spawn(self, request, fds):
         """Fork a run; its pid, or None (this warm interpreter is then closed)."""
         import array
         import socket
 
         self.seq += 1
-        msg = _dumps({"id": self.seq, "args": list(args), "env": env, "cwd": cwd})
+        msg = _dumps(dict(request, id=self.seq))
         try:
             self.sock.settimeout(WARM_FORK_TIMEOUT)
             self.sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
             while True:
-                reply = self.sock.recv(65536)
+                reply = self.sock.recv(1 << 20)
                 if not reply:
                     raise OSError("the warm interpreter is gone")
                 m = json.loads(reply.decode("utf-8"))
@@ -1327,6 +1363,9 @@ class _Warm(object):
         if not self.alive:
             return
         self.alive = False
+        if self.modules is None:
+            self.agent.warm_failed.add(self.key)  # it could not start: never again in this sandbox
+        self.agent.warm_wanted.discard(self.key)  # the next warm-eligible run asks again
         self.agent.warm.pop(self.key, None)
         self.agent.warm_by_fd.pop(self.sock.fileno(), None)
         try:
@@ -1375,12 +1414,13 @@ def _warm_spawn(agent, warm, env, cwd, with_stdin):
         return None
     w = agent.warm.get((exe, module))
     if w is None:
-        try:
-            agent.warm[(exe, module)] = _Warm(agent, exe, module)
-        except OSError:
-            pass
-        return None  # this run goes the usual way; the next one finds it warm
+        if (exe, module) not in agent.warm_failed:
+            agent.warm_wanted.add((exe, module))  # started at the next reset
+        return None
     if w.modules is None or _shadows(_import_roots(cwd, env), w.modules):
+        return None
+    request = {"args": [str(a) for a in args], "env": env, "cwd": cwd}
+    if len(_dumps(request)) > WARM_MAX_REQUEST:
         return None
     if not _DEVNULL:
         _DEVNULL.append(os.open(os.devnull, os.O_RDWR | getattr(os, "O_CLOEXEC", 0)))
@@ -1399,7 +1439,7 @@ def _warm_spawn(agent, warm, env, cwd, with_stdin):
         err_r, err_w = os.pipe()
         ours.append(err_r)
         theirs.append(err_w)
-        pid = w.spawn(args, env, cwd, theirs)
+        pid = w.spawn(request, theirs)
     finally:
         for fd in theirs:
             if fd != _DEVNULL[0]:
@@ -1546,7 +1586,12 @@ def _warm_child(module, req, fds, base, sitedirs, uid, gid, prctl, sock):
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         sock.detach()
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        for fd in [int(n) for n in os.listdir("/proc/self/fd")]:  # not closerange: up to 1M calls
+            if fd > 2:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
         os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)
