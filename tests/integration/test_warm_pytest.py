@@ -32,6 +32,7 @@ WHERE = (
     "    parent = open('/proc/%d/cmdline' % os.getppid(), 'rb').read().replace(b'\\0', b' ').decode()\n"
     "    facts = {'parent': parent, 'uid': os.getuid(), 'gid': os.getgid(), 'groups': os.getgroups(),\n"
     "             'path': sys.path, 'argv': sys.argv[1:], 'env': sorted(os.environ), 'cwd': os.getcwd(),\n"
+    "             'executable': sys.executable, 'flags': list(sys.flags), 'main': sys.modules['__main__'].__file__,\n"
     "             'proc': os.stat('/proc/self/fd').st_uid, 'bytecode': sys.dont_write_bytecode,\n"
     "             'probe': getattr(__import__('builtins'), 'RLSB_PROBE', None)}\n"
     "    print('WHERE' + json.dumps(facts) + 'WHERE')\n"

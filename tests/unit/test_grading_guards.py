@@ -353,7 +353,7 @@ def test_only_commands_a_shell_reads_word_for_word_run_from_the_warm_pytest() ->
         WarmRun("python3", "pytest", ("tests/test_a.py::test_x",)),
         {"PYTHONPATH": "src"},
     )
-    assert warm_pytest("/usr/bin/python3.11 -m pytest", {}) == (WarmRun("/usr/bin/python3.11", "pytest", ()), {})
+    assert warm_pytest("/usr/bin/python3.11 -m pytest", grade_env) == (WarmRun("/usr/bin/python3.11", "pytest", ()), {})
     for command in (
         "python3 -m pytest tests; true",
         "python3 -m pytest tests && echo ok",
@@ -373,7 +373,10 @@ def test_only_commands_a_shell_reads_word_for_word_run_from_the_warm_pytest() ->
         "node -m pytest",
         "PYTHONHASHSEED=0 python3 -m pytest",
         "PYTHONSAFEPATH=1 python3 -m pytest",
+        "PYTHONNOUSERSITE=1 python3 -m pytest",
+        "PYTHONDONTWRITEBYTECODE= python3 -m pytest",
     ):
         assert warm_pytest(command, grade_env) is None, command
-    for variable in ("PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONUNBUFFERED", "PYTHONOPTIMIZE", "PYTHONSTARTUP"):
+    for variable in ("PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONUNBUFFERED", "PYTHONOPTIMIZE", "PYTHONNOUSERSITE"):
         assert warm_pytest("python3 -m pytest", {**grade_env, variable: "1"}) is None, variable
+    assert warm_pytest("python3 -m pytest", {}) is None  # the warm interpreter writes no bytecode: nor may the run

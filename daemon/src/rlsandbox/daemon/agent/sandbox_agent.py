@@ -1238,6 +1238,7 @@ WARM_IDLE = 120.0  # seconds a warm interpreter with nothing to run waits before
 WARM_FORK_TIMEOUT = 5.0  # seconds the agent waits for a warm interpreter to fork a run
 WARM_START_TIMEOUT = 20.0  # seconds a reset waits for a warm interpreter's imports
 WARM_MAX_REQUEST = 60000  # bytes: a larger run (a huge environment) runs the usual way
+WARM_SAME_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")  # a run with other values runs the usual way
 
 
 class _Warm(object):
@@ -1247,8 +1248,9 @@ class _Warm(object):
         import socket
 
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # The interpreter settings of a grade's run (sys.flags match it), and no user site of its own.
         env = dict((k, v) for k, v in os.environ.items() if not k.startswith("PYTHON"))
-        env.update(PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1")
+        env.update(PYTHONDONTWRITEBYTECODE="1", PYTHONUSERBASE="/nonexistent/.rlsandbox-warm")
         uid, gid = _OWNER[0]
         try:
             self.proc = subprocess.Popen(
@@ -1408,10 +1410,14 @@ def _warm_spawn(agent, warm, env, cwd, with_stdin):
         return None
     env = dict(os.environ) if env is None else env
     cwd = cwd or os.getcwd()
+    if any(env.get(k) != os.environ.get(k) for k in WARM_SAME_ENV):
+        return None  # read as an interpreter starts: the warm one started with the agent's
     try:
         exe = python if "/" in python else _which(python, env.get("PATH", ""))
     except (OSError, TypeError):
         return None
+    if not (_read_only(exe) and _read_only(os.path.realpath(exe))):
+        return None  # an interpreter someone could have written: never run as root
     w = agent.warm.get((exe, module))
     if w is None:
         if (exe, module) not in agent.warm_failed:

@@ -69,7 +69,9 @@ def keeps_guard_out(test_command: str) -> bool:
 _PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 _PYTHON = re.compile(r"python3?|/[A-Za-z0-9_./-]*/python3(?:\.[0-9]+)?")
 _ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)")
-WARM_ENV = frozenset({"PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONNOUSERSITE", "PYTHONUSERBASE"})
+# Interpreter settings the warm run reproduces (it starts with PYTHONDONTWRITEBYTECODE set, so a
+# run needs it set too: sys.flags cannot differ); any other PYTHON* variable makes a run cold.
+WARM_ENV = frozenset({"PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUSERBASE"})
 
 
 def warm_pytest(command: str, env: Mapping[str, str]) -> tuple[WarmRun, dict[str, str]] | None:
@@ -83,7 +85,8 @@ def warm_pytest(command: str, env: Mapping[str, str]) -> tuple[WarmRun, dict[str
         words.pop(0)
     if len(words) < 3 or not _PYTHON.fullmatch(words[0]) or words[1:3] != ["-m", "pytest"]:
         return None
-    if any(k.startswith("PYTHON") and k not in WARM_ENV for k in {**env, **assigned}):
+    merged = {**env, **assigned}
+    if any(k.startswith("PYTHON") and k not in WARM_ENV for k in merged) or not merged.get("PYTHONDONTWRITEBYTECODE"):
         return None
     return WarmRun(words[0], "pytest", tuple(words[3:])), assigned
 
