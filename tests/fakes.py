@@ -93,7 +93,7 @@ class FakePool:
             runtime="runc", image="fake:latest", transport="dial",
         )  # fmt: skip
 
-    async def acquire(self, timeout: float) -> Sandbox:
+    async def acquire(self, timeout: float, *, warm: bool | None = None) -> Sandbox:
         if self.gate is not None:
             await self.gate.wait()
         if self.fail_acquire is not None:

@@ -167,3 +167,19 @@ async def test_refills_wait_for_a_pause_in_hand_outs_but_never_a_waiter() -> Non
     finally:
         await pool.close(timeout=5)
         await runner
+
+
+async def test_clean_rooms_prefer_sandboxes_with_a_warm_interpreter_and_sessions_those_without(
+    made: tuple[WarmPool, FakeFactory],
+) -> None:
+    """The warm interpreters stay where the grades are: a room takes a warm sandbox over an older
+    cold one, a session a cold one over an older warm one, anyone else the oldest."""
+    pool, _ = made
+    older, newer = list(pool._ready)
+    newer.warm = True
+    assert await pool.acquire(1.0, warm=True) is newer
+    await settle(pool, 2)
+    older.warm = True
+    got = await pool.acquire(1.0, warm=False)
+    assert got is not older and not got.warm
+    assert await pool.acquire(1.0) is older  # no preference: the oldest

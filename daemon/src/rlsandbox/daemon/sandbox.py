@@ -52,7 +52,7 @@ class Sandbox:
 
     __slots__ = (
         "channel", "container_id", "created_at", "host_folder", "image", "mode", "name", "pool", "ready_at", "reuses", "run_as",
-        "runtime", "transport",
+        "runtime", "transport", "warm",
     )  # fmt: skip
 
     def __init__(
@@ -88,6 +88,7 @@ class Sandbox:
         self.created_at = time.time()
         self.ready_at = time.monotonic()
         self.reuses = 0
+        self.warm = False  # its agent keeps a warm interpreter for clean-room grades (recycling pools)
 
     @property
     def takes_drops(self) -> bool:

@@ -1075,7 +1075,8 @@ class Agent(object):
                 _Warm(self, key[0], key[1]).wait_ready(WARM_START_TIMEOUT)
             except OSError:
                 self.warm_failed.add(key)
-        return {"ok": True, "why": "", "checks": checks, "resets": self.resets}
+        warm = sum(1 for w in self.warm.values() if w.alive and w.modules is not None)
+        return {"ok": True, "why": "", "checks": checks, "resets": self.resets, "warm": warm}
 
     def _retry_spawns(self):
         backlog, self.spawn_backlog = self.spawn_backlog, []

@@ -163,7 +163,7 @@ class Grader:
             return _agents_mess(f"the workspace cannot be read whole: {e.message}")
         prepared = rooms() if rooms is not None else None
         with tracing.span("grade.room", **{"rlsandbox.prefetched": prepared is not None}):
-            room = prepared or await pool.acquire(self.acquire_timeout)
+            room = prepared or await pool.acquire(self.acquire_timeout, warm=True)
         try:
             if prepared is None:
                 with tracing.span("grade.prepare_room"):

@@ -206,6 +206,7 @@ class SandboxFactory:
         outcome = await sandbox.channel.reset(timeout)
         if not outcome.get("ok"):
             raise SandboxDied(f"reset refused: {outcome.get('why') or 'no reason given'}", container=sandbox.name)
+        sandbox.warm = bool(outcome.get("warm"))
         await self._setup(sandbox, spec)
 
     async def _setup(self, sandbox: Sandbox, spec: PoolSpec) -> None:

@@ -207,7 +207,7 @@ class SessionManager:
         try:
             prepared = self.prefetcher.take(options.task_ref) if options.task is not None and setup is None else None
             with tracing.span("pool.acquire", **{"rlsandbox.pool": pool.name, "rlsandbox.prefetched": prepared is not None}):
-                session.sandbox = prepared or await pool.acquire(options.acquire_timeout)
+                session.sandbox = prepared or await pool.acquire(options.acquire_timeout, warm=False)
             try:
                 if setup is not None:
                     with tracing.span("fork.apply"):

@@ -19,8 +19,9 @@ class SandboxPool(Protocol):
     @property
     def spec(self) -> PoolSpec: ...
 
-    async def acquire(self, timeout: float) -> Sandbox:
-        """A ready sandbox, leased to the caller (typed errors when none comes in time)."""
+    async def acquire(self, timeout: float, *, warm: bool | None = None) -> Sandbox:
+        """A ready sandbox, leased to the caller (typed errors when none comes in time); ``warm``:
+        prefer one that keeps a warm interpreter (clean rooms) or one without (sessions)."""
         ...
 
     def release(self, sandbox: Sandbox, reason: str = "released", *, reuse: bool = False) -> None:
