@@ -1237,7 +1237,7 @@ class Agent(object):
 WARM_MODULES = ("pytest",)
 WARM_IDLE = 120.0  # seconds a warm interpreter with nothing to run waits before it exits (memory back)
 WARM_FORK_TIMEOUT = 5.0  # seconds the agent waits for a warm interpreter to fork a run
-WARM_START_TIMEOUT = 20.0  # seconds a reset waits for a warm interpreter's imports
+WARM_START_TIMEOUT = 5.0  # seconds a reset waits for a warm interpreter's imports (within RESET_TIMEOUT)
 WARM_MAX_REQUEST = 60000  # bytes: a larger run (a huge environment) runs the usual way
 WARM_SAME_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")  # a run with other values runs the usual way
 
@@ -1283,8 +1283,10 @@ class _Warm(object):
         agent.warm[self.key] = self
 
     def wait_ready(self, timeout):
-        """Block until it has imported everything (True), or end it (False)."""
+        """Block until it has imported everything (True), or end it (False; when it ended by
+        itself, it never starts again in this sandbox: a slow start may be tried again)."""
         deadline = time.monotonic() + timeout
+        ended = False
         try:
             while self.alive and self.modules is None:
                 left = deadline - time.monotonic()
@@ -1293,6 +1295,7 @@ class _Warm(object):
                 self.sock.settimeout(left)
                 msg = self.sock.recv(1 << 20)
                 if not msg:
+                    ended = True
                     break
                 self.on_message(msg)
         except (OSError, ValueError):
@@ -1300,7 +1303,7 @@ class _Warm(object):
         if self.alive:
             self.sock.setblocking(False)
         if self.modules is None:
-            self.close()
+            self.close(failed=ended)
         return self.modules is not None
 
     def on_input(self):
@@ -1312,7 +1315,7 @@ class _Warm(object):
             except OSError:
                 msg = b""
             if not msg:
-                self.close()
+                self.close(failed=self.modules is None)
                 return
             self.on_message(msg)
 
@@ -1359,15 +1362,16 @@ class _Warm(object):
 
     def on_exit(self, status):
         self.proc.returncode = status  # keep subprocess from ever waiting on this pid again
-        self.close()
+        self.close(failed=self.modules is None)
 
-    def close(self):
-        """Forget it and end it; its running children come to PID 1 (the agent), which reaps them."""
+    def close(self, failed=False):
+        """Forget it and end it; its running children come to PID 1 (the agent), which reaps them.
+        ``failed``: it could not start (never tried again in this sandbox)."""
         if not self.alive:
             return
         self.alive = False
-        if self.modules is None:
-            self.agent.warm_failed.add(self.key)  # it could not start: never again in this sandbox
+        if failed:
+            self.agent.warm_failed.add(self.key)
         self.agent.warm_wanted.discard(self.key)  # the next warm-eligible run asks again
         self.agent.warm.pop(self.key, None)
         self.agent.warm_by_fd.pop(self.sock.fileno(), None)

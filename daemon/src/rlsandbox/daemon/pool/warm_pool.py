@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -22,7 +21,7 @@ from rlsandbox.daemon.errors import PoolUnhealthy, ResourceExhausted, SandboxErr
 from rlsandbox.daemon.journal import JournalEntry
 from rlsandbox.daemon.pool.factory import SandboxFactory
 from rlsandbox.daemon.pool.spec import PoolSpec
-from rlsandbox.daemon.sandbox import Sandbox
+from rlsandbox.daemon.sandbox import Sandbox, prefer_warm
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +37,6 @@ PROBE_TIMEOUT = 5.0
 # starting under them, 271-364 ms without (docs/BENCHMARKS.md, "Episodes per second").
 REFILL_QUIET = 0.05
 REFILL_MAX_DELAY = 1.0
-PREFER_SCAN = 32  # ready sandboxes looked at for a warm (or not warm) one
 
 
 class CreateLimiter:
@@ -154,8 +152,8 @@ class WarmPool:
         """
         if self._closing:
             raise Unavailable(f"pool {self.name} is shutting down")
-        if warm is not None and len(self._ready) > 1:
-            self._prefer(warm)
+        if warm is not None:
+            prefer_warm(self._ready, warm)
         while self._ready:
             candidate = self._ready.popleft()
             if candidate.alive:
@@ -199,16 +197,6 @@ class WarmPool:
                     self._deliver()
         self._acquired_waited += 1
         return self._lease(sandbox)
-
-    def _prefer(self, warm: bool) -> None:
-        """Bring the first of the next PREFER_SCAN ready sandboxes whose ``warm`` is as asked to
-        the front of the line (a bounded look: a burst of hand-outs stays O(1) each)."""
-        for i, candidate in enumerate(itertools.islice(self._ready, PREFER_SCAN)):
-            if candidate.warm == warm:
-                if i:
-                    del self._ready[i]
-                    self._ready.appendleft(candidate)
-                return
 
     def _lease(self, sandbox: Sandbox) -> Sandbox:
         self._last_activity = self._last_lease = time.monotonic()

@@ -205,7 +205,7 @@ class SessionManager:
         self.admit(session)
         started = time.perf_counter()
         try:
-            prepared = self.prefetcher.take(options.task_ref) if options.task is not None and setup is None else None
+            prepared = self.prefetcher.take(options.task_ref, room=False) if options.task is not None and setup is None else None
             with tracing.span("pool.acquire", **{"rlsandbox.pool": pool.name, "rlsandbox.prefetched": prepared is not None}):
                 session.sandbox = prepared or await pool.acquire(options.acquire_timeout, warm=False)
             try:
@@ -413,7 +413,7 @@ class SessionManager:
         rooms = None
         if task is session.options.task and session.options.task_ref:
             ref = session.options.task_ref
-            rooms = lambda: self.prefetcher.take(ref)  # noqa: E731 - a clean room prepared ahead, if any
+            rooms = lambda: self.prefetcher.take(ref, room=True)  # noqa: E731 - a clean room prepared ahead, if any
         async with self._busy(session_id, changes=mode == "in_place") as (_, sandbox):
             result = await self.grader.grade(sandbox, task, mode=mode, timeout=timeout, rooms=rooms)
         self.recorder.graded(session, task.id, result)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from rlsandbox.daemon.errors import NotFound, SandboxError
 from rlsandbox.daemon.grading.task import Task
-from rlsandbox.daemon.sandbox import Sandbox
+from rlsandbox.daemon.sandbox import Sandbox, prefer_warm
 from rlsandbox.daemon.session.ports import SandboxPool
 
 log = logging.getLogger(__name__)
@@ -156,12 +156,15 @@ class Prefetcher:
         return task
 
     # -- hand-outs ------------------------------------------------------------------------------
-    def take(self, ref: str) -> Sandbox | None:
-        """A sandbox prepared for the task, or None; asking counts as use (the deadline moves)."""
+    def take(self, ref: str, *, room: bool | None = None) -> Sandbox | None:
+        """A sandbox prepared for the task, or None; asking counts as use (the deadline moves).
+        ``room``: a clean room prefers one that keeps a warm interpreter, a session one without."""
         warm = self._warm.get(ref)
         if warm is None:
             return None
         warm.deadline = time.monotonic() + warm.ttl
+        if room is not None:
+            prefer_warm(warm.ready, room)
         while warm.ready:
             sandbox = warm.ready.popleft()
             if sandbox.alive:
