@@ -1675,14 +1675,13 @@ def _mounts():
     return out
 
 
-def _kill_user():
-    """SIGKILL every process of the episode's user in one call: kill(-1) from a child that is that
-    user reaches exactly the processes it may signal, all at once."""
+def _as_user(action):
+    """Run ``action`` in a child that is the episode's user, and wait for it."""
     pid = os.fork()
     if pid == 0:
         try:
             _demote()
-            os.kill(-1, signal.SIGKILL)
+            action()
         finally:
             os._exit(0)
     while True:
@@ -1693,6 +1692,12 @@ def _kill_user():
             continue
         except ChildProcessError:
             break
+
+
+def _kill_user():
+    """SIGKILL every process of the episode's user in one call: kill(-1) from a child that is that
+    user reaches exactly the processes it may signal, all at once."""
+    _as_user(lambda: os.kill(-1, signal.SIGKILL))
 
 
 def _remove_ipc():
@@ -1703,29 +1708,19 @@ def _remove_ipc():
     (every process of the user is gone before a reset gets here, so none can appear meanwhile)."""
     if not any(_ipc_ids(table) for table in ("shm", "sem", "msg")):
         return []
-    pid = os.fork()
-    if pid == 0:
-        try:
-            import ctypes
 
-            _demote()
-            libc = ctypes.CDLL(None, use_errno=True)
-            for table, ctl in (("shm", libc.shmctl), ("sem", libc.semctl), ("msg", libc.msgctl)):
-                for ident in _ipc_ids(table):
-                    if table == "sem":
-                        ctl(ident, 0, 0)  # semid, semnum, IPC_RMID
-                    else:
-                        ctl(ident, 0, None)  # id, IPC_RMID, no buffer
-        finally:
-            os._exit(0)
-    while True:
-        try:
-            os.waitpid(pid, 0)
-            break
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            break
+    def remove():
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        for table, ctl in (("shm", libc.shmctl), ("sem", libc.semctl), ("msg", libc.msgctl)):
+            for ident in _ipc_ids(table):
+                if table == "sem":
+                    ctl(ident, 0, 0)  # semid, semnum, IPC_RMID
+                else:
+                    ctl(ident, 0, None)  # id, IPC_RMID, no buffer
+
+    _as_user(remove)
     return ["%s %d" % (table, i) for table in ("shm", "sem", "msg") for i in _ipc_ids(table)]
 
 
