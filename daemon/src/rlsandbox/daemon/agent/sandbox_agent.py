@@ -1522,6 +1522,11 @@ def _warm_main(module, owner, fd):
     _set_nonblocking(wake_w)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *a: None)
+    for stream in (sys.stdout, sys.stderr):  # nothing written here may reach a run's output
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
     sock.send(_dumps({"ready": True, "modules": loaded}))
     children = set()
     idle_since = time.monotonic()
