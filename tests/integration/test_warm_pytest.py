@@ -196,3 +196,61 @@ async def test_no_file_of_an_episode_ever_runs_in_the_warm_interpreter(node: Nod
     assert warm, [facts["parent"] for _, facts in runs]
     # The child imported it while processing the .pth as the episode's user, as a cold run does.
     assert {facts["probe"] for _, facts in runs} == {warm[0]["uid"]}, [facts["probe"] for _, facts in runs]
+
+
+# A hidden test that says where it runs, leaves a process in a session of its own, and hangs when
+# the episode left a HANG file.
+LEAVE = (
+    "import os, subprocess, sys, time\n"
+    "def test_leave():\n"
+    "    parent = open('/proc/%d/cmdline' % os.getppid(), 'rb').read().replace(b'\\0', b' ').decode()\n"
+    "    print('PARENT ' + parent, flush=True)\n"
+    "    subprocess.Popen(['sleep', '1000'], start_new_session=True)\n"
+    "    if os.path.exists('HANG'):\n"
+    "        time.sleep(1000)\n"
+)
+LEFT = r"""
+import os
+me = {1, os.getpid(), os.getppid()}
+for pid in os.listdir("/proc"):
+    if pid.isdigit() and int(pid) not in me:
+        cmd = open("/proc/%s/cmdline" % pid, "rb").read().replace(b"\0", b" ").decode()
+        if "--warm pytest" not in cmd:
+            print(pid, cmd)
+"""
+
+
+async def test_a_warm_run_that_hangs_or_leaves_processes_ends_as_a_cold_one(node: NodeDaemon, task: Task) -> None:
+    """A warm run past its timeout is killed and graded `timeout`; what it left running, in a session
+    of its own, is ended by the reset like anything of the episode's user; the next episodes in
+    those sandboxes find nothing but the agent and the warm interpreter."""
+    ev = task.spec.evaluation
+    spec = task.spec.model_copy(
+        update={
+            "evaluation": ev.model_copy(
+                update={
+                    "hidden_tests": {**ev.hidden_tests, "tests/test_zz_leave.py": LEAVE},
+                    "test_command": "python3 -m pytest -rA -s -p no:cacheprovider tests",
+                    "timeout": 5,
+                }
+            )
+        }
+    )
+    leaving = Task(spec, task.workspace_tar)
+    async with AsyncClient(node.address, timeout=120) as client:
+        parents = []
+        for i in range(6):
+            hang = i >= 4  # after both sandboxes have their warm interpreter
+            async with client.session(task=leaving, acquire_timeout=60) as s:
+                await s.write_files({"calc/__init__.py": FIX, **({"HANG": ""} if hang else {})})
+                r = await s.grade()
+            log = r.log.decode(errors="replace")
+            assert r.status == ("timeout" if hang else "ok"), (r.status, r.message, log[-1500:])
+            # The listed tests all finished before the hang: the reward counts what finished.
+            assert r.reward == 1.0, (r.reward, r.message)
+            parents += re.findall(r"PARENT (.*)", log)
+        assert any("--warm pytest" in p for p in parents[-2:]), parents  # the hanging runs were warm
+        async with client.session("python", acquire_timeout=60) as a, client.session("python", acquire_timeout=60) as b:
+            for s in (a, b):
+                left = await s.exec(["python3", "-c", LEFT])
+                assert left.ok and left.stdout == b"", left
