@@ -701,7 +701,6 @@ class Agent(object):
         self.spawn_backlog = []
         self.resets = 0
         self.warm = {}  # (python, module) -> _Warm: warm interpreters (recycling pools only)
-        self.warm_by_fd = {}
         self.warm_wanted = set()  # (python, module) a run asked for: started at the next reset
         self.warm_failed = set()  # ... that could not start: never tried again
         self.running = True
@@ -1150,10 +1149,8 @@ class Agent(object):
                 elif tag == "stdin":
                     if key.fd in self.stdin_feeds:
                         self._write_stdin(key.fd)
-                elif tag == "warm":
-                    w = self.warm_by_fd.get(key.fd)
-                    if w is not None:
-                        w.on_input()
+                elif isinstance(tag, _Warm):  # a warm interpreter's socket: the object is the tag
+                    tag.on_input()
                 elif tag == "wake":
                     try:
                         os.read(self.wake_r, 4096)
@@ -1278,8 +1275,7 @@ class _Warm(object):
         self.seq = 0
         mine.setblocking(False)
         agent.by_pid[self.pid] = self
-        agent.sel.register(mine, selectors.EVENT_READ, "warm")
-        agent.warm_by_fd[mine.fileno()] = self
+        agent.sel.register(mine, selectors.EVENT_READ, self)
         agent.warm[self.key] = self
 
     def wait_ready(self, timeout):
@@ -1374,7 +1370,6 @@ class _Warm(object):
             self.agent.warm_failed.add(self.key)
         self.agent.warm_wanted.discard(self.key)  # the next warm-eligible run asks again
         self.agent.warm.pop(self.key, None)
-        self.agent.warm_by_fd.pop(self.sock.fileno(), None)
         try:
             self.agent.sel.unregister(self.sock)
         except (KeyError, ValueError):
