@@ -254,3 +254,46 @@ async def test_a_warm_run_that_hangs_or_leaves_processes_ends_as_a_cold_one(node
             for s in (a, b):
                 left = await s.exec(["python3", "-c", LEFT])
                 assert left.ok and left.stdout == b"", left
+
+
+# A project module named like one the warm interpreter has loaded (pytest imports `iniconfig`).
+PROJECT_INICONFIG = (
+    "class IniConfig:\n    pass\n\n\nclass SectionWrapper:\n    pass\n\n\nclass ParseError(Exception):\n    pass\n"
+)
+WHICH_INICONFIG = (
+    "import os, sys\n"
+    "def test_which():\n"
+    "    parent = open('/proc/%d/cmdline' % os.getppid(), 'rb').read().replace(b'\\0', b' ').decode()\n"
+    "    print('WHICH %s FROM %s' % (sys.modules['iniconfig'].__file__, parent))\n"
+)
+
+
+async def test_a_project_module_named_like_a_warm_one_makes_the_run_cold(node: NodeDaemon, task: Task) -> None:
+    """Where the workspace holds a module the warm interpreter already loaded, a fresh interpreter
+    would import the workspace's: such a run is started fresh, and it does."""
+    with tarfile.open(fileobj=io.BytesIO(task.workspace_tar)) as tar:
+        members = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar.getmembers()]  # type: ignore[union-attr]
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for member, data in members:
+            tar.addfile(member, io.BytesIO(data) if data is not None else None)
+        info = tarfile.TarInfo("iniconfig.py")
+        info.size = len(PROJECT_INICONFIG)
+        tar.addfile(info, io.BytesIO(PROJECT_INICONFIG.encode()))
+    ev = task.spec.evaluation
+    hidden = {**ev.hidden_tests, "tests/test_which.py": WHICH_INICONFIG}
+    spec = task.spec.model_copy(update={"evaluation": ev.model_copy(update={"hidden_tests": hidden})})
+    project = Task(spec, out.getvalue())
+    async with AsyncClient(node.address, timeout=120) as client:
+        for _ in range(4):  # one warm grade first, so both sandboxes have their warm interpreter
+            await _graded(client, task, fixed=True)
+        seen = []
+        for _ in range(4):
+            async with client.session(task=project, acquire_timeout=60) as s:
+                await s.write_files({"calc/__init__.py": FIX})
+                r = await s.grade()
+            assert r.status == "ok" and r.reward == 1.0, (r.message, r.log.decode()[-1500:])
+            seen += re.findall(r"WHICH (\S+) FROM (.*)", r.log.decode(errors="replace"))
+    assert len(seen) == 4, seen
+    for where, parent in seen:
+        assert where == "/workspace/iniconfig.py" and "--warm" not in parent, (where, parent)
