@@ -1328,13 +1328,12 @@ class _Warm(object):
             if owner is not None:
                 owner.on_exit(int(m["status"]))
 
-    def spawn(self, request, fds):
-        """Fork a run; its pid, or None (this warm interpreter is then closed)."""
+    def spawn(self, msg, fds):
+        """Fork the run ``msg`` asks for (encoded, with id ``self.seq``); its pid, or None (this warm
+        interpreter is then closed)."""
         import array
         import socket
 
-        self.seq += 1
-        msg = _dumps(dict(request, id=self.seq))
         try:
             self.sock.settimeout(WARM_FORK_TIMEOUT)
             self.sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
@@ -1425,8 +1424,9 @@ def _warm_spawn(agent, warm, env, cwd, with_stdin):
         return None
     if w.modules is None or _shadows(_import_roots(cwd, env), w.modules):
         return None
-    request = {"args": [str(a) for a in args], "env": env, "cwd": cwd}
-    if len(_dumps(request)) > WARM_MAX_REQUEST:
+    w.seq += 1
+    msg = _dumps({"id": w.seq, "args": [str(a) for a in args], "env": env, "cwd": cwd})
+    if len(msg) > WARM_MAX_REQUEST:
         return None
     if not _DEVNULL:
         _DEVNULL.append(os.open(os.devnull, os.O_RDWR | getattr(os, "O_CLOEXEC", 0)))
@@ -1445,7 +1445,7 @@ def _warm_spawn(agent, warm, env, cwd, with_stdin):
         err_r, err_w = os.pipe()
         ours.append(err_r)
         theirs.append(err_w)
-        pid = w.spawn(request, theirs)
+        pid = w.spawn(msg, theirs)
     finally:
         for fd in theirs:
             if fd != _DEVNULL[0]:
