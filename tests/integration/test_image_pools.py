@@ -15,11 +15,11 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from helpers import BUSYBOX, daemon_config, running_daemon
+from helpers import BUSYBOX, daemon_config, eventually, running_daemon
 from rlsandbox.client import AsyncClient, FailedPreconditionError
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.model import image_pool_name
-from rlsandbox.daemon.runtime.docker import DockerRuntime
+from rlsandbox.daemon.runtime.docker import LABEL_POOL, DockerRuntime
 from rlsandbox.daemon.server import NodeDaemon
 
 pytestmark = pytest.mark.docker
@@ -141,9 +141,12 @@ async def test_an_image_pool_works_in_the_images_workdir(node: NodeDaemon, docke
         async with AsyncClient(node.address, timeout=120) as client, client.session(image=tag) as s:
             assert s.info.workdir == "/testbed"
             assert (await s.exec("pwd; cat README")).stdout == b"/testbed\nrepo\n"
-        for _ in range(100):  # idle past idle_evict: the pool and its containers go
-            if s.info.pool not in node.pools:
-                break
-            await asyncio.sleep(0.1)
+
+        # Idle past idle_evict, the pool goes; its containers are destroyed behind it, and the
+        # image can be removed only once the last of them is gone.
+        async def pool_gone() -> bool:
+            return s.info.pool not in node.pools and not await docker_runtime.list_containers({LABEL_POOL: s.info.pool})
+
+        await eventually(pool_gone, timeout=30, what=f"pool {s.info.pool} and its containers removed")
     finally:
         await docker_runtime.images.remove(tag)
