@@ -27,14 +27,14 @@ CALC = Path(__file__).resolve().parent.parent / "fixtures" / "tasks" / "py-calc"
 FIX = "def add(a, b):\n    return a + b\n\n\ndef multiply(a, b):\n    return a * b\n"
 # A hidden test that says who ran it: the process that started pytest, the user, what it imports from.
 WHERE = (
-    "import json, os, sys\n"
+    "import gc, json, os, sys\n"
     "def test_where():\n"
     "    parent = open('/proc/%d/cmdline' % os.getppid(), 'rb').read().replace(b'\\0', b' ').decode()\n"
     "    facts = {'parent': parent, 'uid': os.getuid(), 'gid': os.getgid(), 'groups': os.getgroups(),\n"
     "             'path': sys.path, 'argv': sys.argv[1:], 'env': sorted(os.environ), 'cwd': os.getcwd(),\n"
     "             'executable': sys.executable, 'flags': list(sys.flags), 'main': sys.modules['__main__'].__file__,\n"
     "             'proc': os.stat('/proc/self/fd').st_uid, 'bytecode': sys.dont_write_bytecode,\n"
-    "             'probe': getattr(__import__('builtins'), 'RLSB_PROBE', None)}\n"
+    "             'probe': getattr(__import__('builtins'), 'RLSB_PROBE', None), 'frozen': gc.get_freeze_count()}\n"
     "    print('WHERE' + json.dumps(facts) + 'WHERE')\n"
 )
 WARM_PROCESS = r"""
@@ -121,6 +121,7 @@ def _same_run(facts: dict[str, object]) -> dict[str, object]:
     """What a run must have whatever started it (the report folder's name is random per grade)."""
     out = dict(facts)
     out.pop("parent")
+    out.pop("frozen")
     out["path"] = [re.sub(r"\.rlsandbox-grade-[0-9a-f]+", "REPORT", p) for p in facts["path"]]  # type: ignore[attr-defined]
     return out
 
@@ -139,6 +140,8 @@ async def test_a_recycling_room_forks_pytest_from_its_warm_interpreter_as_a_cold
     for facts in warm + cold:
         assert facts["uid"] == facts["gid"] != 0 and facts["groups"] == [], facts  # the episode's user
         assert facts["proc"] == facts["uid"], facts  # its /proc/self is its own, as after an exec
+    # The warm interpreter's objects are frozen for the cycle collector (no copy-on-write walk).
+    assert all(int(f["frozen"]) > 0 for f in warm) and all(f["frozen"] == 0 for f in cold), runs  # type: ignore[call-overload]
     # Same user, path, arguments, environment, working folder as the cold run.
     for f in warm:
         assert _same_run(f) == _same_run(cold[0]), json.dumps([_same_run(f), _same_run(cold[0])], indent=1)

@@ -1471,6 +1471,7 @@ def _read_only(path):
 def _warm_main(module, owner, fd):
     """The warm interpreter (``sandbox_agent.py --warm MODULE UID:GID FD``), started by the agent."""
     import array
+    import gc
     import importlib.machinery
     import runpy  # noqa: F401 - what every run uses, loaded once
     import select
@@ -1522,6 +1523,11 @@ def _warm_main(module, owner, fd):
             stream.flush()
         except (AttributeError, OSError, ValueError):
             pass
+    # What the runs inherit, out of the cycle collector's sight: a run's full collection would
+    # otherwise walk (and write the header of) every inherited object, copying the pages they are
+    # on: measured, 4 runs at once cost 151 ms of CPU each without this, 109 ms with it.
+    gc.collect()
+    gc.freeze()
     sock.send(_dumps({"ready": True, "modules": loaded}))
     children = set()
     idle_since = time.monotonic()
