@@ -18,7 +18,7 @@ import pytest
 from helpers import daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, AsyncSession, InvalidArgumentError, NotFoundError
 from rlsandbox.daemon.config import PoolConfig
-from rlsandbox.daemon.grading.task import RewardSpec, Task, load_tasks
+from rlsandbox.daemon.grading.task import RewardSpec, Task, load_tasks, tar_files
 from rlsandbox.daemon.grading.validate import summary_table, validate, write_cleaned
 from rlsandbox.daemon.server import NodeDaemon
 
@@ -436,6 +436,35 @@ async def test_prefetched_sandboxes_start_sessions_and_clean_rooms(
     assert stopped.target == 0
     with pytest.raises(NotFoundError, match="unknown on this node"):
         await gclient.create_session(task=type(info)("py-calc@0000", 0, 0, 0, ""))
+
+
+async def test_a_group_prefetched_at_once_resets_git_once(
+    grading_daemon: NodeDaemon, gclient: AsyncClient, tasks: dict[str, Task]
+) -> None:
+    """Sandboxes of one task prepared at once (a GRPO group's prefetch): one runs the git reset,
+    the others wait for it and extract what it made; every session starts from the same base."""
+    calc = tasks["py-calc"]
+    # A workspace no other test uses (reset workspaces are kept by content).
+    task = Task(calc.spec.model_copy(update={"id": "py-calc-group"}), tar_files({"GROUP.md": "group\n"}, calc.workspace_tar))
+    workspaces = grading_daemon.grader.workspaces
+    hits = workspaces.based_hits
+    ref = await gclient.prefetch(task, 3, ttl=60)
+    for _ in range(600):
+        if (ref := await gclient.prefetch(ref, 3, ttl=60)).ready == 3:
+            break
+        await asyncio.sleep(0.05)
+    assert ref.ready == 3, ref
+    assert workspaces.based_hits - hits == 2
+    heads = []
+    for _ in range(3):
+        async with gclient.session(task=ref) as s:
+            look = await s.exec("git rev-parse HEAD && git log --oneline | wc -l && git status --porcelain && cat GROUP.md")
+            heads.append(look.stdout_text)
+            await solve_calc(s)
+            graded = await s.grade()
+            assert (graded.status, graded.reward) == ("ok", 1.0), graded.message
+    assert heads == [heads[0]] * 3 and heads[0].split("\n")[1:] == ["1", "group", ""], heads
+    await gclient.prefetch(ref, 0)
 
 
 async def test_a_traced_grade_shows_each_clean_room_step_as_a_child_span(gclient: AsyncClient, tasks: dict[str, Task]) -> None:

@@ -169,6 +169,38 @@ async def test_a_task_workspace_belongs_to_the_episodes_user(node: NodeDaemon) -
         assert (await s.exec("echo fixed > notes.txt && echo y > pkg/new.py")).exit_code == 0
 
 
+async def test_a_tasks_next_sessions_get_its_reset_workspace_without_git_running_again(node: NodeDaemon) -> None:
+    """The first session of a task on an image runs the git reset; the next ones extract what it
+    made (.git included): the same base commit, a clean and refreshed index, files the episode's
+    own, and nothing an earlier episode committed or wrote."""
+    task = {
+        "id": "t-based",
+        "pool": "recycled",
+        "workspace": {"source": "bundle", "path": "/workspace"},
+        "evaluation": {"test_command": "grep -q fixed notes.txt", "report_format": "exit-code"},
+    }
+    # Content no other test uses: the cache is keyed by content, not by task id.
+    tar = tar_files({"notes.txt": "todo\n", "pkg/based.py": "x = 1\n"})
+    look = (
+        "git rev-parse HEAD; git log --oneline | wc -l; git status --porcelain; git diff-files --name-only;"
+        " stat -c '%u' .git/index notes.txt; cat notes.txt"
+    )
+    workspaces = node.grader.workspaces
+    hits = workspaces.based_hits
+    seen = []
+    async with AsyncClient(node.address, timeout=60) as client:
+        for _ in range(3):
+            async with client.session(task=(json.dumps(task), tar), acquire_timeout=60) as s:
+                seen.append((await s.exec(look)).stdout_text)
+                # The episode commits and changes files: none of it may reach the next session.
+                done = await s.exec("echo fixed > notes.txt && git add -A && git -c user.name=a -c user.email=a@b commit -qm x")
+                assert done.exit_code == 0, done.stderr_text
+    head, commits, *rest = seen[0].split("\n")
+    assert len(head) == 40 and commits == "1" and rest[:3] == ["1000", "1000", "todo"], seen[0]  # clean: no status lines
+    assert seen == [seen[0]] * 3, seen
+    assert workspaces.based_hits == hits + 2
+
+
 async def test_a_fork_bomb_running_at_close_is_ended_by_the_reset(node: NodeDaemon) -> None:
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     async with AsyncClient(node.address, timeout=60) as client:

@@ -323,3 +323,39 @@ def test_owned_tar_gives_every_member_and_implied_folder_to_the_user() -> None:
     assert members == {"a.txt": (False, 1000, 1001), "pkg": (True, 1000, 1001), "pkg/sub": (True, 1000, 1001),
                        "pkg/sub/mod.py": (False, 1000, 1001)}  # fmt: skip
     assert data == b"y"
+
+
+def test_tar_files_adds_to_a_base_tarball() -> None:
+    from rlsandbox.daemon.grading.task import tar_files
+
+    grown = tar_files({"new.txt": "n"}, tar_files({"a.txt": "x", "pkg/mod.py": "y"}))
+    with tarfile.open(fileobj=io.BytesIO(grown)) as tar:
+        contents = {m.name: tar.extractfile(m).read() for m in tar}  # type: ignore[union-attr]
+    assert contents == {"a.txt": b"x", "pkg/mod.py": b"y", "new.txt": b"n"}
+
+
+async def test_reset_workspaces_are_kept_within_their_budget_both_tarballs_counted() -> None:
+    """The cache of reset task workspaces (grading/prepare.py) counts the task's tarball it holds
+    as well as the reset one, drops the least recently used first, and remembers a workspace too
+    big once reset (its next sessions reset git themselves, reading nothing)."""
+    from types import SimpleNamespace
+
+    from rlsandbox.daemon.grading.prepare import Workspaces
+    from rlsandbox.daemon.model import ExecResult
+
+    class Reader:  # stands in for a sandbox: what its `tar -c` of the workspace gives
+        def __init__(self, out: bytes) -> None:
+            self.out = out
+
+        async def exec(self, req: object) -> ExecResult:
+            cap = req.stdout_cap  # type: ignore[attr-defined]
+            cut = len(self.out) > cap
+            return ExecResult(0, None, False, self.out[:cap], b"", len(self.out), 0, cut, False, 0.0)
+
+    ws = Workspaces(SimpleNamespace(), {}, based_budget=1000)  # type: ignore[arg-type]
+    for i in range(3):
+        await ws._keep_based(Reader(b"r" * 300), "/w", ("k", i), b"t" * 100)  # type: ignore[arg-type]
+    assert list(ws._based) == [("k", 1), ("k", 2)] and ws._based_bytes == 800  # 3 x 400 > 1000
+    await ws._keep_based(Reader(b"r" * 2000), "/w", ("big",), b"t" * 100)  # type: ignore[arg-type]
+    assert ws._based[("big",)][1] == b"" and ws._based_bytes == 900  # known too big: only the task's tar
+    assert list(ws._based) == [("k", 1), ("k", 2), ("big",)]

@@ -156,6 +156,9 @@ class DaemonConfig(BaseModel):
     reap_interval: float = Field(1.0, gt=0)
     max_prefetched: int = Field(64, ge=0)
     max_fork_bytes: int = Field(256 * MiB, ge=MiB)
+    # Task workspaces as their git reset made them, kept in memory for the task's next sessions
+    # (grading/prepare.py); 0: every session runs the reset itself.
+    task_cache_bytes: int = Field(256 * MiB, ge=0)
     metrics_listen: str = ""
     prefetch_ttl: float = Field(600.0, gt=0)
     # OpenTelemetry tracing (daemon/tracing.py): spans to this OTLP/gRPC collector

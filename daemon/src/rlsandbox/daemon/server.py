@@ -100,6 +100,7 @@ class NodeDaemon:
             acquire_timeout=config.default_acquire_timeout,
             tampering_policy=config.grading_tampering_policy,
             warm_pytest=config.grading_warm_pytest,
+            task_cache_bytes=config.task_cache_bytes,
         )
         self.events: EventPublisher | None = None
         if config.nats_url:

@@ -13,13 +13,16 @@ In one run, on the python image, each phase on a settled node (the previous phas
 - graded: a session from the small pytest task py-calc -> 3 steps -> clean-room grade -> close,
   ``workers // 2`` at once (graded-recycled: the same in a recycling pool, whose clean rooms fork
   pytest from a warm interpreter; graded-recycled-cold: with the task's ``warm_runner`` off, every
-  grade starting its own; graded-prefetched: warm, and with the task prefetched, so the session
-  and its clean room are hand-outs);
+  grade starting its own; graded-recycled-distinct: warm, but every episode a task of its own, so
+  every session runs the git reset that the task's next sessions take from the node's cache;
+  graded-prefetched: warm, and with the task prefetched, so the session and its clean room are
+  hand-outs);
 - memory: the idle sandboxes of the fresh and the recycled pool after their phases (cgroup figures);
 - burst (not by default): 1,000 CreateSession calls at once from a pool holding 1,000 ready sandboxes;
 - handout: CreateSession from a task with a real repository's workspace (pip, setuptools, mypy and
-  pytest's sources: ~2,000 files, tens of MB), one at a time: copied in at hand-out (today's
-  path) against a sandbox prefetched for the task (Prefetch).
+  pytest's sources: ~2,000 files, tens of MB), one at a time: copied in at hand-out, for a task the
+  node has not seen (its git reset runs) and for one it has (its reset workspace is extracted),
+  against a sandbox prefetched for the task (Prefetch).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
+import itertools
 import os
 import tarfile
 import time
@@ -37,7 +41,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rlsandbox.client import AsyncClient
-from rlsandbox.daemon.grading.task import Task, load_tasks, tar_directory
+from rlsandbox.daemon.grading.task import Task, load_tasks, tar_directory, tar_files
 from rlsandbox.daemon.model import ContainerSpec, Limits, MiB
 from rlsandbox.daemon.runtime.container import container_config
 from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, LABEL_POOL, DockerRuntime
@@ -71,6 +75,7 @@ Episode = Callable[[dict[str, list[float]]], Awaitable[None]]
 GRADED = (
     ("graded", "python"),
     ("graded-recycled-cold", "recycled"),
+    ("graded-recycled-distinct", "recycled"),
     ("graded-recycled", "recycled"),
     ("graded-prefetched", "recycled"),
 )
@@ -182,7 +187,14 @@ async def short_episodes(client: AsyncClient, pool: str, seconds: float, workers
 
 
 async def graded_episodes(
-    client: AsyncClient, pool: str, seconds: float, workers: int, *, prefetch: bool = False, warm: bool = True
+    client: AsyncClient,
+    pool: str,
+    seconds: float,
+    workers: int,
+    *,
+    prefetch: bool = False,
+    warm: bool = True,
+    distinct: bool = False,
 ) -> dict[str, Any]:
     calc = next(t for t in load_tasks(REPO / "tests" / "fixtures" / "tasks") if t.id == "py-calc")
     ev = calc.spec.evaluation.model_copy(update={"warm_runner": warm})
@@ -192,9 +204,13 @@ async def graded_episodes(
         while (task := await client.prefetch(task, 2 * workers, ttl=120)).ready < 2 * workers:
             await asyncio.sleep(0.1)
 
+    episodes = itertools.count()
+
     async def episode(phases: dict[str, list[float]]) -> None:
+        # distinct: every episode a task of its own (a new workspace: its git reset is not kept yet)
+        this = Task(task.spec, tar_files({".episode": str(next(episodes))}, task.workspace_tar)) if distinct else task
         t0 = time.perf_counter()
-        async with client.session(task=task, acquire_timeout=60) as s:
+        async with client.session(task=this, acquire_timeout=60) as s:
             t0 = _timed(phases, "create_from_task", t0)
             await s.exec("ls")
             await s.exec("cat calc.py")
@@ -208,7 +224,7 @@ async def graded_episodes(
     return await for_seconds(seconds, workers, episode)
 
 
-def big_repository() -> Task:
+def big_repository(pool: str = "fresh") -> Task:
     """A task whose workspace is a real code base: the sources of pip, setuptools, mypy and _pytest as
     installed here (no network), tarred like any task bundle."""
     import json
@@ -224,24 +240,27 @@ def big_repository() -> Task:
         tar = tar_directory(Path(tmp))
     spec = {
         "id": "big-repository",
-        "pool": "fresh",
+        "pool": pool,
         "workspace": {"source": "bundle", "path": "/workspace", "git": "reset"},
         "evaluation": {"test_command": "true", "report_format": "exit-code"},
     }
     return Task.from_wire(json.dumps(spec), tar)
 
 
-async def handouts(client: AsyncClient, samples: int) -> dict[str, Any]:
-    task = big_repository()
+async def handouts(client: AsyncClient, samples: int, pool: str) -> dict[str, Any]:
+    task = big_repository(pool)
     with tarfile.open(fileobj=io.BytesIO(task.workspace_tar)) as tar:
         files = len(tar.getmembers())
     copied: list[float] = []
-    for _ in range(samples):
-        await wait_quiet(client)
-        t0 = time.perf_counter()
-        s = await client.create_session(task=task, acquire_timeout=60)
-        copied.append(time.perf_counter() - t0)
-        await s.close()
+    seen: list[float] = []
+    for i in range(samples):
+        new = Task(task.spec, tar_files({".sample": str(i)}, task.workspace_tar))
+        for this, times in ((new, copied), (task, seen)):
+            await wait_quiet(client)
+            t0 = time.perf_counter()
+            s = await client.create_session(task=this, acquire_timeout=60)
+            times.append(time.perf_counter() - t0)
+            await s.close()
     info = await client.prefetch(task, 2, ttl=300)
     prefetched: list[float] = []
     for _ in range(samples):
@@ -257,6 +276,7 @@ async def handouts(client: AsyncClient, samples: int) -> dict[str, Any]:
         "workspace_bytes": len(task.workspace_tar),
         "workspace_files": files,
         "copied_at_handout": summary_ms(copied),
+        "copied_seen_task": summary_ms(seen),
         "prefetched": summary_ms(prefetched),
     }
 
@@ -327,7 +347,11 @@ async def bench(seconds: float, workers: int, phases: list[str]) -> dict[str, An
     results: dict[str, Any] = {"seconds": seconds, "workers": workers}
     if "engine" in phases:
         results["engine"] = await engine_cycles(seconds, workers)
-    recycled = RECYCLED.format(image=IMAGE, ready=workers) if any(p.endswith(("recycled", "prefetched")) for p in phases) else ""
+    recycled = (
+        RECYCLED.format(image=IMAGE, ready=workers)
+        if any(p.endswith(("recycled", "prefetched", "handout")) for p in phases)
+        else ""
+    )
     burst = BURST.format(n=BURST_SESSIONS, total=BURST_SESSIONS + 50) if "burst" in phases else ""
     node = f"episodebench-{os.getpid()}"
     config = CONFIG.format(node=node, image=IMAGE, ready=workers, recycled=recycled, burst=burst)
@@ -350,9 +374,14 @@ async def bench(seconds: float, workers: int, phases: list[str]) -> dict[str, An
                 await wait_quiet(client)
                 prefetch = phase == "graded-prefetched"
                 warm = phase != "graded-recycled-cold"
-                results[phase] = await graded_episodes(client, pool, seconds, max(1, workers // 2), prefetch=prefetch, warm=warm)
+                distinct = phase.endswith("-distinct")
+                results[phase] = await graded_episodes(
+                    client, pool, seconds, max(1, workers // 2), prefetch=prefetch, warm=warm, distinct=distinct
+                )
         if "handout" in phases:
-            results["handout"] = await handouts(client, 10)
+            results["handout"] = await handouts(client, 10, "fresh")
+            if recycled:  # the workspace on a tmpfs volume, not on the container's overlay root
+                results["handout-recycled"] = await handouts(client, 10, "recycled")
     results["daemon_exit_code"] = daemon.exit_code
     base = results.get("engine", {}).get("episodes_per_s")
     if base:
@@ -403,15 +432,25 @@ def render(r: dict[str, Any]) -> str:
                 f"p99 {k['p99']:.0f} ms, all done in {h['wall_s']:.1f} s (CreateSession p99 / health p99: "
                 f"{c['p99'] / k['p99']:.2f})"
             )
-    if "handout" in r:
-        h = r["handout"]
+    for where, h in (("overlay root, pool fresh", r.get("handout")), ("tmpfs volume, pool recycled", r.get("handout-recycled"))):
+        if h is None:
+            continue
+        mb = h["workspace_bytes"] / 2**20
         lines += [
             "",
-            f"Hand-out of a task session, workspace {h['workspace_bytes'] / 2**20:.1f} MB in {h['workspace_files']} files:",
+            f"Hand-out of a task session, workspace {mb:.1f} MB in {h['workspace_files']} files on the {where}:",
             "",
-            *latency_table([("copied in at hand-out", h["copied_at_handout"]), ("prefetched", h["prefetched"])], digits=1),
+            *latency_table(
+                [
+                    ("copied in at hand-out, a new task", h["copied_at_handout"]),
+                    ("copied in at hand-out, a task seen before", h["copied_seen_task"]),
+                    ("prefetched", h["prefetched"]),
+                ],
+                digits=1,
+            ),
             "",
             f"- prefetched / copied p50: {h['prefetched']['p50'] / h['copied_at_handout']['p50']:.3f}",
+            f"- seen / new task copied p50: {h['copied_seen_task']['p50'] / h['copied_at_handout']['p50']:.3f}",
         ]
     return "\n".join(lines)
 
@@ -421,7 +460,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument(
         "--phases",
-        default="engine,short,short-recycled,graded,graded-recycled-cold,graded-recycled,graded-prefetched,handout,memory",
+        default="engine,short,short-recycled,graded,graded-recycled-cold,graded-recycled-distinct,graded-recycled,graded-prefetched,"
+        "handout,memory",
     )  # also: burst (1,000 CreateSession at once from 1,000 warm busybox sandboxes)
 
 

@@ -91,10 +91,11 @@ class Grader:
         acquire_timeout: float = 60.0,
         tampering_policy: str = "strict",
         warm_pytest: bool = True,
+        task_cache_bytes: int = 256 << 20,
     ) -> None:
         self.runtime = runtime
         self.pools = pools
-        self.workspaces = Workspaces(runtime, pools)
+        self.workspaces = Workspaces(runtime, pools, based_budget=task_cache_bytes)
         self.acquire_timeout = acquire_timeout
         self.tampering_policy = tampering_policy
         self.warm_pytest = warm_pytest

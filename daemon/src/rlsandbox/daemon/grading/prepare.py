@@ -27,6 +27,11 @@ from rlsandbox.daemon.sandbox import Sandbox
 
 STEP_TIMEOUT = 60.0
 OWNED_CACHE = 4  # task workspaces (32 MB at most each) kept re-owned for a recycling pool's user
+# Task workspaces as their git reset left them (.git included), per image and owner: the next
+# session of the task extracts this instead of running `git init/add/commit` again (15 ms of CPU
+# for a small task; hashing and compressing every file for a big one).
+BASED_MAX_BYTES = 64 << 20  # task tars past it are not kept (nor hashed)
+BASED_ENTRIES = 4096
 # The sandbox's own tar: the image's, found on the system folders only (an episode may write
 # elsewhere), with no options from the environment.
 TAR_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "TAR_OPTIONS": "", "LC_ALL": "C"}
@@ -50,12 +55,19 @@ class ReadTimedOut(FailedPrecondition):
 
 
 class Workspaces:
-    def __init__(self, runtime: DockerRuntime, pools: Mapping[str, WarmPool]) -> None:
+    def __init__(self, runtime: DockerRuntime, pools: Mapping[str, WarmPool], *, based_budget: int = 256 << 20) -> None:
         self.runtime = runtime
         self.pools = pools
         # Task workspaces re-owned for a pool's user, by (uid, gid, size, hash): every session of a
         # task (and every clean room, every prefetched sandbox) would otherwise re-pack the same tar.
         self._owned: collections.OrderedDict[tuple[int, int, int, int], tuple[bytes, bytes]] = collections.OrderedDict()
+        # Reset workspaces by (image, owner, path, size, hash of the task's tar): (task tar, reset
+        # tar or b"" when too big to keep, whether it has a git index).
+        self._based: collections.OrderedDict[tuple[object, ...], tuple[bytes, bytes, bool]] = collections.OrderedDict()
+        self._based_bytes = 0
+        self._making: dict[tuple[object, ...], asyncio.Future[None]] = {}
+        self.based_budget = based_budget  # bytes; 0: every session resets git itself
+        self.based_hits = 0
 
     def owner(self, sandbox: Sandbox) -> tuple[int, int] | None:
         """(uid, gid) the sandbox's commands run as, when not root (recycling pools)."""
@@ -80,18 +92,7 @@ class Workspaces:
         the engine otherwise. Raises FileTooLarge past ``max_bytes``."""
         if self.trusted(sandbox, fresh=fresh):
             parent, name = path.rstrip("/").rsplit("/", 1)
-            run = await sandbox.exec(
-                ExecRequest(
-                    argv=("tar", "-c", "-f", "-", "-C", parent or "/", name),
-                    cwd="/",
-                    env=TAR_ENV,
-                    timeout=timeout,
-                    stdout_cap=max_bytes + 1,
-                    stderr_cap=64 << 10,
-                    as_root=True,
-                    cap_kills=True,
-                )
-            )
+            run = await self._tar_out(sandbox, parent or "/", name, max_bytes, timeout)
             if run.stdout_truncated:
                 too_big = f"{path} in the sandbox is over {max_bytes} bytes as a tarball"
                 raise FileTooLarge(too_big, container_id=sandbox.container_id)
@@ -101,6 +102,22 @@ class Workspaces:
             if run.exit_code not in NO_TAR and run.timed_out:
                 raise ReadTimedOut(f"{path} could not be read within {timeout:g} s")
         return await self.runtime.get_archive(sandbox.container_id, path, max_bytes)
+
+    @staticmethod
+    async def _tar_out(sandbox: Sandbox, directory: str, member: str, max_bytes: int, timeout: float) -> ExecResult:
+        """``member`` of ``directory`` as a tarball on stdout, by the sandbox's tar, as root; cut
+        (and tar ended) past ``max_bytes``."""
+        req = ExecRequest(
+            argv=("tar", "-c", "-f", "-", "-C", directory, member),
+            cwd="/",
+            env=TAR_ENV,
+            timeout=timeout,
+            stdout_cap=max_bytes + 1,
+            stderr_cap=64 << 10,
+            as_root=True,
+            cap_kills=True,
+        )
+        return await sandbox.exec(req)
 
     async def put(self, sandbox: Sandbox, path: str, tar: bytes, *, reused: bool = False, fresh: bool = False) -> None:
         """Extract ``tar`` into ``path``, owned by the sandbox's user: by the sandbox's ``tar``,
@@ -140,24 +157,92 @@ class Workspaces:
             TaskSetupFailed: a command exited non-zero or timed out (the output says why).
         """
         ws = task.spec.workspace
+        reset = reset_git and ws.git == "reset"
         if ws.source == "bundle":
             await self._run(sandbox, ExecRequest(argv=("mkdir", "-p", ws.path), timeout=STEP_TIMEOUT), "create the workspace")
             if task.workspace_tar:
-                await self.put(sandbox, ws.path, task.workspace_tar, reused=True, fresh=True)
-        if reset_git and ws.git == "reset":
-            # One commit, the base: whatever history the workspace had (with the fix in it) is gone.
-            git = " ".join(shlex.quote(a) for a in GIT_IDENTITY)
-            script = (
-                "if command -v git >/dev/null 2>&1; then rm -rf .git && git init -q && git add -A && "
-                f"git {git} commit -q --allow-empty -m 'rlsandbox: task base'; fi"
-            )
-            await self._run(
-                sandbox, ExecRequest(shell=script, cwd=ws.path, env=GIT_DATES, timeout=STEP_TIMEOUT), "reset the git history"
-            )
+                key = await self._based_key(sandbox, task) if reset else None
+                if key is None:
+                    await self.put(sandbox, ws.path, task.workspace_tar, reused=True, fresh=True)
+                else:
+                    await self._put_based(sandbox, ws.path, key, task.workspace_tar)
+                    reset = False
+        if reset:
+            await self._reset_git(sandbox, ws.path)
         for command in task.spec.setup:
             await self._run(
                 sandbox, ExecRequest(shell=command, cwd=ws.path, timeout=task.spec.setup_timeout), f"run setup {command!r}"
             )
+
+    async def _reset_git(self, sandbox: Sandbox, path: str) -> None:
+        """One commit, the base: whatever history the workspace had (with the fix in it) is gone."""
+        git = " ".join(shlex.quote(a) for a in GIT_IDENTITY)
+        script = (
+            "if command -v git >/dev/null 2>&1; then rm -rf .git && git init -q && git add -A && "
+            f"git {git} commit -q --allow-empty -m 'rlsandbox: task base'; fi"
+        )
+        req = ExecRequest(shell=script, cwd=path, env=GIT_DATES, timeout=STEP_TIMEOUT)
+        await self._run(sandbox, req, "reset the git history")
+
+    async def _put_based(self, sandbox: Sandbox, path: str, key: tuple[object, ...], tar: bytes) -> None:
+        """The task's workspace with its git history reset: extracted from what an earlier session
+        of the task on this image made, or made here (and kept) when none did. One sandbox makes
+        it at a time: the others of a group prepared at once wait for it instead of all running git."""
+        other = self._making.get(key)
+        if other is not None:
+            await asyncio.shield(other)
+        making = None
+        hit = self._based.get(key)
+        if hit is not None and (hit[0] is tar or hit[0] == tar):
+            self._based.move_to_end(key)
+            if hit[1]:
+                await self.put(sandbox, path, hit[1], reused=True, fresh=True)
+                if hit[2]:  # no git in the image: no index, nothing to refresh
+                    # The index's stat data are the first sandbox's: refreshed, `git diff` in the
+                    # episode does not re-read every file.
+                    refresh = ("git", "update-index", "-q", "--refresh")
+                    await sandbox.exec(ExecRequest(argv=refresh, cwd=path, timeout=STEP_TIMEOUT))
+                self.based_hits += 1
+                return
+            # else known not to be kept (too big once reset): reset here, read nothing
+        elif key not in self._making:
+            making = self._making[key] = asyncio.get_running_loop().create_future()
+        try:
+            await self.put(sandbox, path, tar, reused=True, fresh=True)
+            await self._reset_git(sandbox, path)
+            if making is not None and self.based_budget:
+                await self._keep_based(sandbox, path, key, tar)
+        finally:
+            if making is not None:
+                del self._making[key]
+                making.set_result(None)
+
+    async def _based_key(self, sandbox: Sandbox, task: Task) -> tuple[object, ...] | None:
+        pool = self.pools.get(sandbox.pool)
+        tar = task.workspace_tar
+        if pool is None or not tar or len(tar) > BASED_MAX_BYTES or not self.based_budget:
+            return None
+        digest = await asyncio.to_thread(hash, tar)  # bytes keep their hash once computed
+        return (pool.spec.container.image, self.owner(sandbox), task.spec.workspace.path, len(tar), digest)
+
+    async def _keep_based(self, sandbox: Sandbox, path: str, key: tuple[object, ...], tar: bytes) -> None:
+        """Read the workspace its git reset just made (a sandbox being prepared: only the daemon's
+        commands have run there) and keep it for the task's next sessions on this image. One that
+        is too big once reset is remembered as such (its next sessions reset git themselves)."""
+        cap = min(2 * BASED_MAX_BYTES, max(self.based_budget - len(tar), 0))
+        run = await self._tar_out(sandbox, path, ".", cap, STEP_TIMEOUT)
+        if not run.ok and not run.stdout_truncated:
+            return  # no tar in the image, say: the next session tries again
+        based = b"" if run.stdout_truncated else run.stdout
+        # Both tarballs count: the task's is held to compare (a task dropped by the trainer lives on here).
+        old = self._based.pop(key, None)
+        if old is not None:
+            self._based_bytes -= len(old[0]) + len(old[1])
+        self._based[key] = (tar, based, b"./.git/index\0" in based)
+        self._based_bytes += len(tar) + len(based)
+        while self._based and (self._based_bytes > self.based_budget or len(self._based) > BASED_ENTRIES):
+            _, (dropped_tar, dropped, _) = self._based.popitem(last=False)
+            self._based_bytes -= len(dropped_tar) + len(dropped)
 
     async def _run(self, sandbox: Sandbox, req: ExecRequest, what: str) -> ExecResult:
         result = await sandbox.exec(req)

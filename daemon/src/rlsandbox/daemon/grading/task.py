@@ -303,10 +303,15 @@ def tar_directory(root: Path, excludes: tuple[str, ...] = WORKSPACE_EXCLUDES, li
     return data
 
 
-def tar_files(files: Mapping[str, str | bytes]) -> bytes:
-    """A workspace tarball from workspace-relative paths and contents (folders are implied)."""
+def tar_files(files: Mapping[str, str | bytes], base: bytes = b"") -> bytes:
+    """A workspace tarball from workspace-relative paths and contents (folders are implied), after
+    the members of the tarball ``base`` when given."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
+        if base:
+            with tarfile.open(fileobj=io.BytesIO(base)) as src:
+                for member in src:
+                    tar.addfile(member, src.extractfile(member) if member.isreg() else None)
         for path, content in sorted(files.items()):
             data = content.encode() if isinstance(content, str) else content
             info = tarfile.TarInfo(check_relative(path))
