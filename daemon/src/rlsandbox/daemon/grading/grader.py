@@ -34,7 +34,7 @@ from rlsandbox.daemon.grading.guard import (
     warm_pytest,
 )
 from rlsandbox.daemon.grading.patches import PatchError, apply_patch, patch_paths
-from rlsandbox.daemon.grading.prepare import STEP_TIMEOUT, ReadTimedOut, Workspaces
+from rlsandbox.daemon.grading.prepare import STEP_TIMEOUT, TASK_CACHE_BYTES, ReadTimedOut, Workspaces
 from rlsandbox.daemon.grading.reports import OUTPUT_FORMATS, Outcome, TestReport, lookup, parse_report
 from rlsandbox.daemon.grading.rewards import (
     MISSING,
@@ -91,7 +91,7 @@ class Grader:
         acquire_timeout: float = 60.0,
         tampering_policy: str = "strict",
         warm_pytest: bool = True,
-        task_cache_bytes: int = 256 << 20,
+        task_cache_bytes: int = TASK_CACHE_BYTES,
     ) -> None:
         self.runtime = runtime
         self.pools = pools

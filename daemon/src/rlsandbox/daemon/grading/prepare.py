@@ -30,6 +30,7 @@ OWNED_CACHE = 4  # task workspaces (32 MB at most each) kept re-owned for a recy
 # Task workspaces as their git reset left them (.git included), per image and owner: the next
 # session of the task extracts this instead of running `git init/add/commit` again (15 ms of CPU
 # for a small task; hashing and compressing every file for a big one).
+TASK_CACHE_BYTES = 256 << 20  # all of them, by default (DaemonConfig.task_cache_bytes)
 BASED_MAX_BYTES = 64 << 20  # task tars past it are not kept (nor hashed)
 BASED_ENTRIES = 4096
 # The sandbox's own tar: the image's, found on the system folders only (an episode may write
@@ -55,7 +56,7 @@ class ReadTimedOut(FailedPrecondition):
 
 
 class Workspaces:
-    def __init__(self, runtime: DockerRuntime, pools: Mapping[str, WarmPool], *, based_budget: int = 256 << 20) -> None:
+    def __init__(self, runtime: DockerRuntime, pools: Mapping[str, WarmPool], *, based_budget: int = TASK_CACHE_BYTES) -> None:
         self.runtime = runtime
         self.pools = pools
         # Task workspaces re-owned for a pool's user, by (uid, gid, size, hash): every session of a
@@ -210,7 +211,7 @@ class Workspaces:
         try:
             await self.put(sandbox, path, tar, reused=True, fresh=True)
             await self._reset_git(sandbox, path)
-            if making is not None and self.based_budget:
+            if making is not None:
                 await self._keep_based(sandbox, path, key, tar)
         finally:
             if making is not None:
