@@ -5,7 +5,9 @@ the next episode, in the same container, finds nothing."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import tarfile
 from collections.abc import AsyncIterator
 
 import pytest
@@ -152,16 +154,21 @@ async def test_a_sandbox_is_destroyed_after_max_reuses(node: NodeDaemon) -> None
         assert max(runs) <= 4 and len(set(seen)) >= 2, seen
 
 
-async def test_a_task_workspace_belongs_to_the_episodes_user(node: NodeDaemon) -> None:
-    """Tasks run in recycling pools too: their workspace is extracted owned by the episode's user,
-    who can edit it (grading there: every attack of test_reward_hacks.py runs in such a pool; this
-    pool's single sandbox leaves no room for a clean room)."""
-    task = {
-        "id": "t1",
+def notes_task(task_id: str) -> dict[str, object]:
+    """A task of the recycling pool, solved by writing "fixed" into notes.txt."""
+    return {
+        "id": task_id,
         "pool": "recycled",
         "workspace": {"source": "bundle", "path": "/workspace"},
         "evaluation": {"test_command": "grep -q fixed notes.txt", "report_format": "exit-code"},
     }
+
+
+async def test_a_task_workspace_belongs_to_the_episodes_user(node: NodeDaemon) -> None:
+    """Tasks run in recycling pools too: their workspace is extracted owned by the episode's user,
+    who can edit it (grading there: every attack of test_reward_hacks.py runs in such a pool; this
+    pool's single sandbox leaves no room for a clean room)."""
+    task = notes_task("t1")
     tar = tar_files({"notes.txt": "todo\n", "pkg/mod.py": "x = 1\n"})
     async with AsyncClient(node.address, timeout=60) as client, client.session(task=(json.dumps(task), tar)) as s:
         owners = await s.exec("stat -c '%u %n' notes.txt pkg pkg/mod.py")
@@ -173,12 +180,7 @@ async def test_a_tasks_next_sessions_get_its_reset_workspace_without_git_running
     """The first session of a task on an image runs the git reset; the next ones extract what it
     made (.git included): the same base commit, a clean and refreshed index, files the episode's
     own, and nothing an earlier episode committed or wrote."""
-    task = {
-        "id": "t-based",
-        "pool": "recycled",
-        "workspace": {"source": "bundle", "path": "/workspace"},
-        "evaluation": {"test_command": "grep -q fixed notes.txt", "report_format": "exit-code"},
-    }
+    task = notes_task("t-based")
     # Content no other test uses: the cache is keyed by content, not by task id.
     tar = tar_files({"notes.txt": "todo\n", "pkg/based.py": "x = 1\n"})
     look = (
@@ -201,23 +203,52 @@ async def test_a_tasks_next_sessions_get_its_reset_workspace_without_git_running
     assert workspaces.based_hits == hits + 2
 
 
+async def test_what_an_episode_leaves_never_reaches_a_tasks_kept_reset_workspace(node: NodeDaemon) -> None:
+    """The reset workspace a task's next sessions extract is read from the first sandbox prepared
+    for the task: in a recycling pool, one where an earlier episode planted files (a git hook among
+    them) and processes. What is kept holds the task's files and the reset's .git, nothing else."""
+    files = {"notes.txt": "todo\n", "pkg/kept.py": "x = 2\n"}  # content no other test uses
+    tar = tar_files(files)
+    async with AsyncClient(node.address, timeout=60) as client:
+        for _ in range(5):  # a sandbox with 3 episodes left before max_reuses: the planter's and the task's two
+            planter = await client.create_session("recycled", acquire_timeout=60)
+            if node.sessions.get(planter.id).sandbox.reuses <= 1:  # type: ignore[union-attr]
+                break
+            await planter.close()
+        container = await _container(planter)
+        planted = await planter.exec(["python3", "-c", LEAVE_BEHIND], timeout=30)
+        assert planted.exit_code == 0, planted.stderr_text
+        await planter.close()
+        for _ in range(2):  # the first makes and keeps the reset workspace, the second extracts it
+            async with client.session(task=(json.dumps(notes_task("t-kept")), tar), acquire_timeout=60) as s:
+                assert await _container(s) == container
+                listed = await s.exec("find . -path ./.git -prune -o -print | sort; ls .git/hooks | grep -v sample")
+                assert listed.stdout_text.split() == [".", "./notes.txt", "./pkg", "./pkg/kept.py"], listed.stdout_text
+    [(_, kept, _)] = [v for v in node.grader.workspaces._based.values() if v[0] == tar]
+    with tarfile.open(fileobj=io.BytesIO(kept)) as t:
+        names = sorted(n for n in t.getnames() if not n.startswith("./.git/"))
+        hooks = [n for n in t.getnames() if n.startswith("./.git/hooks/") and not n.endswith(".sample")]
+    assert names == [".", "./.git", "./notes.txt", "./pkg", "./pkg/kept.py"] and hooks == [], (names, hooks)
+
+
 async def test_a_fork_bomb_running_at_close_is_ended_by_the_reset(node: NodeDaemon) -> None:
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     async with AsyncClient(node.address, timeout=60) as client:
         first = await client.create_session("recycled", acquire_timeout=60)
         container = await _container(first)
         failures = node.pools["recycled"].stats().recycle_failures_total
+        sandbox = node.sessions.get(first.id).sandbox  # type: ignore[union-attr]
+        worn = sandbox is not None and sandbox.reuses >= 3  # max_reuses: destroyed whatever the reset finds
         await first.write_files({"/tmp/bomb.py": bomb})
         assert (await first.exec("nohup python3 /tmp/bomb.py >/dev/null 2>&1 &")).exit_code == 0
         await asyncio.sleep(0.5)  # the sandbox is at its pids limit now
         await first.close()
-        second = await client.create_session("recycled", acquire_timeout=60)
-        leftovers = await second.exec(["python3", "-c", FIND_LEFTOVERS])
-        assert leftovers.stdout_text.strip() == "", leftovers.stdout_text
-        # Recycled when the reset proved it clean, destroyed otherwise: never a dirty hand-out.
-        pool = node.pools["recycled"].stats()
-        assert (await _container(second) == container) == (pool.recycle_failures_total == failures)
-        await second.close()
+        async with client.session("recycled", acquire_timeout=60) as second:
+            leftovers = await second.exec(["python3", "-c", FIND_LEFTOVERS])
+            assert leftovers.stdout_text.strip() == "", leftovers.stdout_text
+            # Recycled when the reset proved it clean, destroyed otherwise: never a dirty hand-out.
+            pool = node.pools["recycled"].stats()
+            assert (await _container(second) == container) == (not worn and pool.recycle_failures_total == failures)
 
 
 async def test_the_daemons_own_commands_run_out_of_the_episodes_reach(node: NodeDaemon) -> None:
