@@ -1,13 +1,22 @@
 """A Harbor task end to end: `rlsandbox tasks import-harbor --build` builds its environment image
 with the real engine, a daemon makes a pool for that image on demand, the oracle solution
 (solution/solve.sh) run in a session scores 1.0, an untouched session the partial reward its
-verifier writes, and a policy that plants a reward file or test files of its own gains nothing."""
+verifier writes, and a policy that plants a reward file or test files of its own gains nothing.
+Then harbor itself (0.26, on Debian 13's Python 3.13 in a container: harbor needs >= 3.12) runs
+trials on the adapter by import path, with its own verifier and with the rlsandbox one."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
+import platform
+import shutil
 import subprocess
 import sys
+import tempfile
+import tomllib
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,6 +24,8 @@ import pytest
 from helpers import daemon_config, running_daemon
 from rlsandbox.client import AsyncClient
 from rlsandbox.daemon.config import PoolConfig
+from rlsandbox.daemon.images import ImageBuilder
+from rlsandbox.daemon.runtime.docker import DockerRuntime
 from rlsandbox.daemon.server import NodeDaemon
 
 pytestmark = pytest.mark.docker
@@ -23,13 +34,18 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "harbor"
 
 
 @pytest.fixture(scope="module")
-def harbor_task(images: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+def harbor_tasks_file(images: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("harbor") / "tasks.jsonl"
     cli = [sys.executable, "-m", "rlsandbox.daemon.cli", "tasks", "import-harbor", str(FIXTURES), "--build", "--out", str(out)]
     done = subprocess.run(cli, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "1 task(s) imported" in done.stderr
-    [line] = out.read_text().splitlines()
+    return out
+
+
+@pytest.fixture(scope="module")
+def harbor_task(harbor_tasks_file: Path) -> dict[str, object]:
+    [line] = harbor_tasks_file.read_text().splitlines()
     return dict(json.loads(line))
 
 
@@ -176,4 +192,147 @@ async def test_harbor_environment_refuses_network_it_cannot_give_and_grades_a_ta
         await env.stop(delete=True)  # type: ignore[attr-defined]
     # The clean room ran the task's own tests on the agent's workspace: one check of three passes.
     assert grade.status == "ok" and grade.reward == pytest.approx(1 / 3), grade.message
+    assert not node.sessions.sessions
+
+
+# -- inside harbor itself ---------------------------------------------------------------------------
+HARBOR_VERSION = "0.26.0"  # the release the adapter follows
+REPO = FIXTURES.parent.parent.parent
+RUNNER = FIXTURES.parent / "harbor_runner"  # images.toml of the Python 3.13 image harbor runs on
+
+
+def _harbor_site() -> Path:
+    """harbor and the client's own dependencies as cp313 wheels, installed once into a folder the
+    runner mounts (kept between runs, keyed by what is installed)."""
+    client = tomllib.loads((REPO / "client" / "pyproject.toml").read_text())["project"]
+    wanted = [*client["dependencies"], f"harbor=={HARBOR_VERSION}"]
+    key = hashlib.sha256("\n".join(wanted).encode()).hexdigest()[:12]
+    site = Path(tempfile.gettempdir()) / f"rlsandbox-test-harbor-cp313-{key}"
+    if (site / ".complete").is_file():
+        return site
+    partial = Path(tempfile.mkdtemp(prefix=site.name + ".", dir=site.parent))
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--target", str(partial)]
+    pip += ["--python-version", "3.13", "--implementation", "cp", "--only-binary=:all:"]
+    for tag in ("manylinux2014", "manylinux_2_17", "manylinux_2_28"):
+        pip += ["--platform", f"{tag}_{platform.machine()}"]
+    done = subprocess.run([*pip, *wanted], capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        pytest.fail(f"pip could not install harbor {HARBOR_VERSION}'s cp313 wheels (it needs PyPI):\n{done.stderr[-3000:]}")
+    (partial / ".complete").touch()
+    try:
+        partial.rename(site)
+    except OSError:  # another run made it meanwhile
+        shutil.rmtree(partial, ignore_errors=True)
+    return site
+
+
+@pytest.fixture(scope="module")
+async def harbor_runner(docker_runtime: DockerRuntime) -> tuple[str, Path]:
+    """(the image harbor runs on, the folder of harbor's packages)."""
+    [built] = await ImageBuilder(docker_runtime, RUNNER).build(["harbor-runner"])
+    return built.tag, await asyncio.to_thread(_harbor_site)
+
+
+async def harbor_trial(
+    runner: tuple[str, Path],
+    node: NodeDaemon,
+    out: Path,
+    agent: str,
+    *,
+    tasks: Path | None = None,
+    verifier: str = "",
+    task_dir: Path | None = None,
+) -> dict[str, object]:
+    """`harbor trials start` of the fixture task with ``agent`` on the rlsandbox environment (by
+    import path, on the host's network to reach the daemon); harbor's result.json."""
+    image, site = runner
+    out.mkdir(parents=True)
+    name = f"rlsandbox-test-harbor-{uuid.uuid4().hex[:8]}"
+    argv = ["docker", "run", "--rm", "--name", name, "--label", "rlsandbox.test=harbor-runner", "--network", "host"]
+    argv += ["-v", f"{site}:/harbor-site:ro", "-v", f"{REPO / 'client' / 'src'}:/client:ro"]
+    argv += ["-v", f"{FIXTURES.parent}:/fixtures:ro", "-v", f"{out}:{out}", "-e", "HOME=/tmp"]
+    argv += ["-e", "PYTHONPATH=/harbor-site:/client:/fixtures/harbor_agents", "-e", "PYTHONDONTWRITEBYTECODE=1"]
+    if tasks is not None:
+        argv += ["-v", f"{tasks}:{tasks}:ro"]
+    if task_dir is not None:
+        argv += ["-v", f"{task_dir}:{task_dir}:ro"]
+    task = str(task_dir) if task_dir is not None else "/fixtures/harbor/fix-greeting"
+    argv += [image, "python3", "-m", "harbor.cli.main", "trials", "start", "-p", task]
+    argv += ["--agent", agent, "--trials-dir", str(out), "--env", "rlsandbox.integrations.harbor:RlsandboxEnvironment"]
+    argv += ["--environment-kwarg", f"target={node.address}", "--environment-kwarg", "public_network_as_none=true"]
+    if tasks is not None:
+        argv += ["--environment-kwarg", f"tasks={tasks}"]
+    if verifier:
+        argv += ["--verifier", verifier]
+    try:
+        done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=300)
+    finally:
+        await asyncio.to_thread(subprocess.run, ["docker", "rm", "-f", name], capture_output=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [result] = out.glob("*/result.json")
+    return dict(json.loads(result.read_text()))
+
+
+def reward(result: dict[str, object]) -> object:
+    assert result["exception_info"] is None, result["exception_info"]
+    return result["verifier_result"]["rewards"]["reward"]  # type: ignore[index]
+
+
+RLSANDBOX_VERIFIER = "rlsandbox.integrations.harbor:RlsandboxVerifier"
+
+
+async def test_harbor_runs_trials_on_the_adapter_with_its_own_verifier(
+    node: NodeDaemon, harbor_tasks_file: Path, harbor_runner: tuple[str, Path], tmp_path: Path
+) -> None:
+    """harbor's trial, start to stop, on the real BaseEnvironment: its log folders, the oracle's
+    upload and run, its verifier's tests upload, run and /logs/verifier download."""
+    oracle = await harbor_trial(harbor_runner, node, tmp_path / "oracle", "oracle")
+    assert reward(oracle) == 1.0
+    nothing = await harbor_trial(harbor_runner, node, tmp_path / "nop", "nop")
+    assert reward(nothing) == pytest.approx(1 / 3)  # the verifier's partial credit, untouched
+    assert not node.sessions.sessions  # every trial's session closed at its stop
+
+
+async def test_the_rlsandbox_verifier_gives_harbor_a_reward_the_agent_cannot_reach(
+    node: NodeDaemon, harbor_tasks_file: Path, harbor_runner: tuple[str, Path], tmp_path: Path
+) -> None:
+    """An agent that fixes nothing and swaps the interpreter the verifier script computes its
+    reward with: harbor's own verifier (in the agent's environment) pays 1.0; the rlsandbox
+    verifier (the task's tests in a clean room) pays what the work is worth."""
+    swap = "rlsandbox_test_agents:InterpreterSwapAgent"
+    hacked = await harbor_trial(harbor_runner, node, tmp_path / "own", swap, tasks=harbor_tasks_file)
+    assert reward(hacked) == 1.0  # the hole this verifier closes
+    graded = await harbor_trial(
+        harbor_runner, node, tmp_path / "ours", swap, tasks=harbor_tasks_file, verifier=RLSANDBOX_VERIFIER
+    )
+    assert reward(graded) == pytest.approx(1 / 3)
+    [grade] = (tmp_path / "ours").glob("*/verifier/grade.json")
+    doc = json.loads(grade.read_text())
+    assert doc["status"] == "ok" and doc["counts"]["passed"] == 1 and doc["session_id"]
+    oracle = await harbor_trial(
+        harbor_runner, node, tmp_path / "oracle", "oracle", tasks=harbor_tasks_file, verifier=RLSANDBOX_VERIFIER
+    )
+    assert reward(oracle) == 1.0
+    # Without the task the verifier cannot grade: harbor records the error, no reward.
+    lost = await harbor_trial(harbor_runner, node, tmp_path / "no-task", "nop", verifier=RLSANDBOX_VERIFIER)
+    assert lost["verifier_result"] is None
+    assert "no task to grade by" in str(lost["exception_info"])
+    # A task whose verifier runs in a separate environment: harbor would hand the verifier a fresh
+    # sandbox, whose grade would be the untouched task's; refused, no reward.
+    separate = tmp_path / "separate" / "fix-greeting"
+    shutil.copytree(FIXTURES / "fix-greeting", separate)
+    toml = (separate / "task.toml").read_text().replace("[verifier]\n", '[verifier]\nenvironment_mode = "separate"\n')
+    (separate / "task.toml").write_text(toml)
+    refused = await harbor_trial(
+        harbor_runner,
+        node,
+        tmp_path / "separate-out",
+        "oracle",
+        tasks=harbor_tasks_file,
+        verifier=RLSANDBOX_VERIFIER,
+        task_dir=separate,
+    )
+    assert refused["verifier_result"] is None
+    assert "environment_mode = 'shared'" in str(refused["exception_info"])
     assert not node.sessions.sessions

@@ -4,6 +4,7 @@ clear errors for folders that are not tasks."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -56,3 +57,24 @@ def test_folders_that_are_not_harbor_tasks_are_refused_clearly(tmp_path: Path) -
     (task / "task.toml").write_text("version = [")
     with pytest.raises(TaskError, match=r"task\.toml"):
         from_harbor(task)
+
+
+def test_a_harbor_trial_finds_its_task_in_the_importers_jsonl(tmp_path: Path) -> None:
+    """The adapter's ``tasks=``: one import-harbor JSONL for a whole job, each trial's task found
+    by the id the importer gave its folder; a missing task or a broken line says what to do."""
+    from rlsandbox.integrations.harbor_tasks import harbor_task_id, task_from_file, task_name
+
+    spec, _ = from_harbor(FIXTURE)
+    tasks = tmp_path / "tasks.jsonl"
+    other = {"id": "other", "image": "x"}
+    tasks.write_text(json.dumps(other) + "\n\n" + spec.model_dump_json() + "\n")
+    found = task_from_file(tasks, harbor_task_id(FIXTURE, task_name(FIXTURE)))
+    assert found["id"] == spec.id and found["image"] == spec.image
+    assert task_from_file(tasks, "other") == other
+    with pytest.raises(LookupError, match=r"'nope' is not in .*2 tasks.*import-harbor"):
+        task_from_file(tasks, "nope")
+    tasks.write_text(json.dumps(other) + "\n{broken\n")  # a new version of the file is read again
+    with pytest.raises(ValueError, match=r"tasks\.jsonl:2: not a JSON task spec"):
+        task_from_file(tasks, "other")
+    with pytest.raises(FileNotFoundError, match=r"import-harbor TASKS_DIR --build --out FILE"):
+        task_from_file(tmp_path / "missing.jsonl", "other")

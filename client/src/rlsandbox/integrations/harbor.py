@@ -5,14 +5,19 @@ In a harbor job or trial config::
 
     environment:
       import_path: "rlsandbox.integrations.harbor:RlsandboxEnvironment"
-      kwargs: {target: "127.0.0.1:7420", labels: {run: my-run}}
+      kwargs: {target: "127.0.0.1:7420", tasks: /data/tasks.jsonl, labels: {run: my-run}}
+    verifier:
+      import_path: "rlsandbox.integrations.harbor:RlsandboxVerifier"
 
 ``start`` opens a session on the task's image: ``[environment] docker_image`` in task.toml, else
 the image ``rlsandbox tasks import-harbor --build`` tagged from ``environment/`` (the same name,
 computed by :func:`rlsandbox.integrations.harbor_tasks.harbor_image`), else the ``image`` kwarg. With ``task`` (a spec from
-``rlsandbox tasks import-harbor``) the session starts from that task instead and
+``rlsandbox tasks import-harbor``) or ``tasks`` (the path of its JSONL output: each trial finds its
+own task by folder) the session starts from that task instead and
 :meth:`RlsandboxEnvironment.grade` scores it in a clean room, out of the agent's reach; harbor's
-own verifier runs in the agent's environment, where an agent can tamper with it.
+own verifier runs in the agent's environment, where an agent can tamper with it. ``start`` makes
+harbor's output folders (``/logs/agent``, ``/logs/verifier``, ``/logs/artifacts``) as harbor's
+remote environments do.
 
 - ``exec`` runs ``bash -c`` in the session (``cwd`` default: the task's workdir) and returns
   harbor's ``ExecResult``; a timed-out command returns 124, a killed one ``128 + signal``. A
@@ -28,16 +33,21 @@ own verifier runs in the agent's environment, where an agent can tamper with it.
   (the sandbox is untrusted).
 - ``stop(delete=True)`` ends the session; ``stop(delete=False)`` leaves it to its idle timeout.
 
-harbor needs Python >= 3.12, so it is not installed in this repository's tests (Python 3.11):
-the class follows harbor 0.26's ``BaseEnvironment`` source and subclasses it when harbor is
-importable; without harbor it runs on a stand-in base with the few helpers it uses, which is how
-start, exec, uploads and downloads are tested against a real daemon (docs/INTEGRATIONS.md).
+harbor needs Python >= 3.12: this repository's tests run harbor 0.26 itself on Python 3.13 in a
+container (``harbor trials start`` with this environment and :class:`RlsandboxVerifier` by import
+path). Without harbor (Python 3.11) the class runs on a stand-in base with the few helpers it uses.
+
+:class:`RlsandboxVerifier` (``verifier: import_path``) makes harbor's verifier step the session's
+clean-room grade; harbor's own verifier runs the tests in the agent's environment, where the
+agent's changes (an interpreter first on ``PATH``, say) can decide the reward.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
@@ -45,13 +55,17 @@ from typing import Any, Dict, List, Mapping, Optional, Union
 from rlsandbox.client import AsyncClient, AsyncSession, GradeResult
 from rlsandbox.client import ExecResult as _RawResult
 from rlsandbox.integrations import transfer
-from rlsandbox.integrations.harbor_tasks import dockerfile_workdir, harbor_image, harbor_task_id, task_name
+from rlsandbox.integrations.harbor_tasks import dockerfile_workdir, harbor_image, harbor_task_id, task_from_file, task_name
 from rlsandbox.integrations.tools import outcome, session_options
 
 try:  # harbor's base and result types when harbor is importable (Python >= 3.12)
     from harbor.environments.base import BaseEnvironment as _Base
     from harbor.environments.base import ExecResult
     from harbor.environments.capabilities import EnvironmentCapabilities
+    from harbor.models.task.config import VerifierEnvironmentMode
+    from harbor.models.task.verifier_mode import resolve_step_verifier_mode, resolve_task_verifier_mode
+    from harbor.models.verifier.result import VerifierResult
+    from harbor.verifier.base import BaseVerifier as _BaseVerifier
 
     HARBOR = True
 except (ImportError, SyntaxError):  # pragma: no cover - depends on the environment
@@ -78,6 +92,7 @@ except (ImportError, SyntaxError):  # pragma: no cover - depends on the environm
             logger: Optional[logging.Logger] = None,
             persistent_env: Optional[Dict[str, str]] = None,
             network_policy: Any = None,
+            auto_mounts: Optional[List[Dict[str, Any]]] = None,
             **kwargs: Any,
         ) -> None:
             self.environment_dir = Path(environment_dir)
@@ -89,6 +104,7 @@ except (ImportError, SyntaxError):  # pragma: no cover - depends on the environm
             self.logger = (logger or logging.getLogger("harbor")).getChild(__name__)
             self._persistent_env = dict(persistent_env or {})
             self.network_policy = network_policy
+            self._mounts = list(auto_mounts or [])  # harbor's trial passes /logs/{agent,verifier,artifacts}
             self._validate_definition()
 
         def _validate_definition(self) -> None:
@@ -100,6 +116,16 @@ except (ImportError, SyntaxError):  # pragma: no cover - depends on the environm
         def _merge_env(self, env: Optional[Dict[str, str]]) -> Optional[Dict[str, str]]:
             merged = {**self._persistent_env, **(env or {})}
             return merged or None
+
+        def _mount_targets(self, *, writable_only: bool = False) -> List[str]:
+            return [m["target"] for m in self._mounts if not (writable_only and m.get("read_only"))]
+
+        async def ensure_dirs(self, dirs: List[str], *, chmod: bool = True) -> Optional[ExecResult]:
+            if not dirs:
+                return None
+            quoted = " ".join(shlex.quote(str(d)) for d in dirs)
+            command = f"mkdir -p {quoted}" + (f" && chmod 777 {quoted}" if chmod else "")
+            return await self.exec(command, user="root" if chmod else None)  # type: ignore[attr-defined,no-any-return]
 
 
 def _network_mode(policy: Any) -> str:
@@ -115,6 +141,7 @@ class RlsandboxEnvironment(_Base):  # type: ignore[misc,valid-type]
         pool: str = "",
         image: str = "",
         task: Any = None,
+        tasks: str = "",
         labels: Optional[Mapping[str, str]] = None,
         idle_timeout: float = 0.0,
         public_network_as_none: bool = False,
@@ -122,7 +149,7 @@ class RlsandboxEnvironment(_Base):  # type: ignore[misc,valid-type]
         **kwargs: Any,
     ) -> None:
         # Set before the base's __init__: it validates the definition and reads the capabilities.
-        self._target, self._pool, self._image, self._task = target, pool, image, task
+        self._target, self._pool, self._image, self._task, self._tasks = target, pool, image, task, tasks
         self._labels = {str(k): str(v) for k, v in dict(labels or {}).items()}
         self._idle_timeout = idle_timeout
         self._public_as_none = public_network_as_none
@@ -150,6 +177,9 @@ class RlsandboxEnvironment(_Base):  # type: ignore[misc,valid-type]
             return EnvironmentCapabilities(disable_internet=True)
 
     def _validate_definition(self) -> None:
+        if self._task is None and self._tasks:  # this trial's task in import-harbor's JSONL
+            folder = Path(self.environment_dir).parent
+            self._task = task_from_file(self._tasks, harbor_task_id(folder, task_name(folder)))
         if (self.environment_dir / "docker-compose.yaml").is_file() and self._task is None and not self._image:
             raise ValueError("rlsandbox runs one container per environment: Docker Compose environments are not supported")
         if self._task is None and not self._image and not self._pool and not self._task_image():
@@ -196,6 +226,14 @@ class RlsandboxEnvironment(_Base):  # type: ignore[misc,valid-type]
             options["idle_timeout"] = self._idle_timeout
         self._session = await self._client.create_session(self._pool, **options)
         self.logger.debug("rlsandbox session %s for %s", self._session.id, self.session_id)
+        # What harbor's trial collects from (/logs/agent, /logs/verifier, /logs/artifacts): a
+        # mounted environment has them as mounts; here they are folders, as in harbor's e2b one.
+        made = await self.ensure_dirs(self._mount_targets(writable_only=True))
+        if made is not None and made.return_code != 0:
+            raise RuntimeError(f"rlsandbox session {self._session.id}: could not create harbor's log folders: {made.stderr}")
+        upload = getattr(self, "_upload_environment_dir_after_start", None)
+        if upload is not None:  # harbor's: environment/ into the workdir, for prebuilt-image tasks
+            await upload()
 
     async def stop(self, delete: bool) -> None:
         session, self._session = self._session, None
@@ -256,8 +294,71 @@ class RlsandboxEnvironment(_Base):  # type: ignore[misc,valid-type]
         await asyncio.to_thread(transfer.downloaded, result, source_dir, target_dir)
 
     async def grade(self) -> GradeResult:
-        """The session's grade by its task (``task=``), in a clean room: reward None is an infra error."""
+        """The session's grade by its task (``task=`` or ``tasks=``), in a clean room: reward None
+        is an infra error."""
+        if self._task is None:
+            raise ValueError(
+                "this rlsandbox environment has no task to grade by: pass the environment kwarg tasks= "
+                "(the JSONL of 'rlsandbox tasks import-harbor') or task="
+            )
         return await self.session.grade()
+
+
+async def clean_room_rewards(environment: Any, verifier_dir: Optional[Path]) -> Dict[str, float]:
+    """harbor's rewards for a trial from the rlsandbox clean room's grade of its environment, with
+    the grade (``grade.json``) and the tests' output (``test-output.log``) in ``verifier_dir``.
+    An infra error or invalid task (no reward: not the agent's doing) raises."""
+    if not isinstance(environment, RlsandboxEnvironment):
+        raise TypeError(
+            f"the rlsandbox verifier grades rlsandbox environments, not {type(environment).__name__}: "
+            "set environment import_path to rlsandbox.integrations.harbor:RlsandboxEnvironment"
+        )
+    grade = await environment.grade()
+    if verifier_dir is not None:
+        doc = {
+            "status": grade.status,
+            "reward": grade.reward,
+            "resolved": grade.resolved,
+            "message": grade.message,
+            "counts": grade.counts,
+            "tampering": grade.tampering,
+            "limits": grade.limits,
+            "exit_code": grade.exit_code,
+            "timed_out": grade.timed_out,
+            "duration": grade.duration,
+            "session_id": grade.session_id,
+        }
+        await asyncio.to_thread(_write, Path(verifier_dir) / "grade.json", json.dumps(doc, indent=1).encode())
+        await asyncio.to_thread(_write, Path(verifier_dir) / "test-output.log", grade.log)
+    if grade.reward is None:
+        raise RuntimeError(f"rlsandbox could not grade session {grade.session_id} ({grade.status}): {grade.message}")
+    return {"reward": grade.reward}
+
+
+if HARBOR:  # pragma: no cover - harbor needs Python >= 3.12
+
+    class RlsandboxVerifier(_BaseVerifier):  # type: ignore[misc,valid-type]
+        """harbor's verifier step run as an rlsandbox clean-room grade (``verifier: import_path:
+        rlsandbox.integrations.harbor:RlsandboxVerifier``): the task's tests run in a fresh
+        sandbox on the agent's changes, where nothing the agent left can touch them or the reward.
+        The environment must be an ``RlsandboxEnvironment`` with its task (``tasks=``)."""
+
+        async def verify(self) -> VerifierResult:
+            if self._separate():
+                # harbor hands a separate verifier environment of its own, not the agent's: a
+                # grade there would score the untouched task.
+                raise ValueError(
+                    f"task {self.task.name}: its verifier runs in a separate environment, where the "
+                    "rlsandbox verifier would grade a sandbox the agent never touched; it grades the agent's "
+                    "own session in a clean room already: set [verifier] environment_mode = 'shared'"
+                )
+            return VerifierResult(rewards=await clean_room_rewards(self.environment, self.trial_paths.verifier_dir))
+
+        def _separate(self) -> bool:
+            config = self.task.config
+            step = next((s for s in config.steps or [] if s.name == self.step_name), None)
+            mode = resolve_step_verifier_mode(config, step) if step is not None else resolve_task_verifier_mode(config)
+            return bool(mode == VerifierEnvironmentMode.SEPARATE)
 
 
 def _write(target: Path, data: bytes) -> None:
