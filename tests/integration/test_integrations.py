@@ -45,7 +45,7 @@ def no_sessions_left(node: NodeDaemon) -> None:
 
 
 async def script_in_venv(
-    tmp_path: Path, node: NodeDaemon, task: Task, extra: str, pin: str, script: str, env: dict[str, str]
+    tmp_path: Path, node: NodeDaemon, task: Task, extra: str, pin: str | list[str], script: str, env: dict[str, str]
 ) -> dict[str, Any]:
     """Run ``script`` in a fresh virtualenv with the client (``[extra]``) and the framework pinned
     from PyPI; its arguments: the node's address, the task's spec and workspace files. Its last
@@ -54,7 +54,8 @@ async def script_in_venv(
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(venv / "bin/python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    await asyncio.to_thread(subprocess.run, [*pip, f"{root / 'client'}[{extra}]", pin], check=True, timeout=900)
+    pins = [pin] if isinstance(pin, str) else pin
+    await asyncio.to_thread(subprocess.run, [*pip, f"{root / 'client'}[{extra}]", *pins], check=True, timeout=900)
     spec, tar = tmp_path / "spec.json", tmp_path / "ws.tar"
     spec.write_text(task.spec_json())
     tar.write_bytes(task.workspace_tar)
@@ -328,37 +329,162 @@ async def test_skyrl_gym_text_env_episodes_are_graded_sessions(node: NodeDaemon,
     no_sessions_left(node)
 
 
-async def test_verl_tool_keeps_one_session_across_a_trajectorys_tool_calls(node: NodeDaemon, task: Task) -> None:
-    """verl's BaseTool interface (create / execute / calc_reward / release), as verl's agent loop
-    calls it; checked against that interface only: verl needs torch, which is not installed here."""
+async def test_verl_tool_as_a_per_trajectory_instance_keeps_one_session(node: NodeDaemon, task: Task) -> None:
+    """The BaseTool lifecycle as verl documents it (create per trajectory, execute, calc_reward,
+    release), without verl (its stand-in types): the instance is the trajectory."""
     from rlsandbox.integrations.verl import SandboxTool
 
     tool = SandboxTool({"type": "native", "target": node.address, "labels": {"run": "verl"}})
     assert tool.get_openai_tool_schema()["function"]["name"] == "sandbox"
-    solved = await tool.create(create_kwargs={"task": task})
-    other = await tool.create("traj-2", task=task)
+    solved, _ = await tool.create(create_kwargs={"task": task})
+    other, _ = await tool.create("traj-2", task=task)
+
+    async def text(instance: str, call: dict[str, object]) -> str:
+        response, step_reward, _ = await tool.execute(instance, call)
+        assert step_reward == 0.0
+        return str(response.text)
+
     try:
-        text, step_reward, _ = await tool.execute(solved, {"action": "bash", "command": "grep -c 'a + b' calc/__init__.py"})
-        assert text.startswith("2\n") and step_reward == 0.0
-        viewed, _, _ = await tool.execute(solved, {"action": "view", "path": "calc/__init__.py", "start": 1, "end": 2})
-        assert "     1\t" in viewed
-        assert (await tool.execute(solved, {"action": "edit", "path": "calc/__init__.py", "old": BUG, "new": FIX}))[0] == (
-            "edited calc/__init__.py"
-        )
+        assert (await text(solved, {"action": "bash", "command": "grep -c 'a + b' calc/__init__.py"})).startswith("2\n")
+        assert "     1\t" in await text(solved, {"action": "view", "path": "calc/__init__.py", "start": 1, "end": 2})
         assert (
-            "occurs 0 times"
-            in (await tool.execute(other, {"action": "edit", "path": "calc/__init__.py", "old": "x" * 9, "new": "y"}))[0]
+            await text(solved, {"action": "edit", "path": "calc/__init__.py", "old": BUG, "new": FIX})
+            == "edited calc/__init__.py"
         )
-        assert (await tool.execute(solved, {"action": "submit"}))[0] == "submitted: ok, reward 1.0"
+        assert "occurs 0 times" in await text(other, {"action": "edit", "path": "calc/__init__.py", "old": "x" * 9, "new": "y"})
+        assert await text(solved, {"action": "submit"}) == "submitted: ok, reward 1.0"
+        assert len(node.sessions.sessions) == 1  # the submitted trajectory's session ended at once
+        assert await text(solved, {"action": "bash", "command": "true"}) == "already submitted: the sandbox is graded"
         assert await tool.calc_reward(solved) == 1.0
         assert await tool.calc_reward(other) == 0.0  # graded at the end: the other trajectory fixed nothing
         assert not tool.infra_error
         unknown, _, metrics = await tool.execute("nope", {"action": "bash", "command": "true"})
-        assert "call create first" in unknown and metrics == {"error": "no_instance"}
+        assert "call create first" in str(unknown.text) and metrics == {"error": "no_instance"}
     finally:
         await tool.release(solved)
         await tool.release(other)
-        await tool.client.close()
+        await tool.aclose()
+    no_sessions_left(node)
+
+
+VERL_SCRIPT = r"""
+import asyncio, json, sys, tempfile
+import hydra
+from omegaconf import OmegaConf
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from transformers import PreTrainedTokenizerFast
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
+from verl.tools.base_tool import BaseTool
+from verl.tools.tool_registry import initialize_tools_from_config
+from verl.workers.rollout.replica import TokenOutput
+import rlsandbox.integrations.verl as rv  # registers the rlsandbox_tool_agent loop
+from rlsandbox.client import AsyncClient
+
+target, spec_path, tar_path = sys.argv[1:4]
+task = (json.load(open(spec_path)), open(tar_path, "rb").read())
+
+# A byte-level tokenizer made here (no model to download): every byte a token, ChatML's specials.
+alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+core = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+core.decoder = decoders.ByteLevel()
+tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<tool_call>", "</tool_call>"]})
+tokenizer.chat_template = (
+    "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+BUG = "def multiply(a, b):\n    return a + b"
+FIX = "def multiply(a, b):\n    return a * b"
+END = "<|im_end|>"
+def call(**args):
+    return "<tool_call>" + json.dumps({"name": "sandbox", "arguments": args}) + "</tool_call>"
+POLICIES = {  # the model's turns (hermes tool calls); the fixer's first turn makes two calls at once
+    "fixer": [call(action="bash", command="grep -c 'a + b' calc/__init__.py")
+              + call(action="view", path="calc/__init__.py") + END,
+              call(action="edit", path="calc/__init__.py", old=BUG, new=FIX) + END,
+              call(action="submit") + END, "done" + END],
+    "idler": ["I give up." + END],
+    "breaker": [call(action="bash", command="true") + END, call(action="bash", command="echo never") + END, "oh" + END],
+}
+seen = {}
+
+class ScriptedModel:
+    # verl's LLM server client (generate -> TokenOutput), answering with a policy's turns.
+    def __init__(self):
+        self.turns = {}
+    async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+        policy = sampling_params["policy"]
+        n = self.turns[request_id] = self.turns.get(request_id, 0) + 1
+        if n == 2:  # the trajectory's first tool calls ran
+            async with AsyncClient(target) as c:
+                mine = await c.list_sessions(labels={"run": "verl"})
+                seen[policy] = len(mine)
+                if policy == "breaker":  # the node loses the sandbox mid-rollout
+                    for s in mine:
+                        await c.close_session(s.session_id)
+        text = POLICIES[policy][min(n, len(POLICIES[policy])) - 1]
+        return TokenOutput(token_ids=tokenizer.encode(text, add_special_tokens=False), stop_reason="completed")
+
+config = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+config.write("tools:\n  - class_name: rlsandbox.integrations.verl.SandboxTool\n"
+             f"    config: {{type: native, target: '{target}', labels: {{run: verl}}}}\n")
+config.close()
+tools = initialize_tools_from_config(config.name)  # verl's own registry, as its rollout worker loads tools
+assert isinstance(tools[0], BaseTool) and type(tools[0]) is rv.SandboxTool
+# The agent loop's _target_, as docs/INTEGRATIONS.md gives it for agent_loop_config_path.
+assert _agent_loop_registry["rlsandbox_tool_agent"]["_target_"] == "rlsandbox.integrations.verl.SandboxToolAgentLoop"
+trainer = OmegaConf.create({"actor_rollout_ref": {"rollout": {
+    "prompt_length": 4096, "response_length": 8192, "full_determinism": False,
+    "multi_turn": {"max_user_turns": 8, "max_assistant_turns": 8, "max_parallel_calls": 2,
+                   "max_tool_response_length": 1024, "tool_response_truncate_side": "middle", "format": "hermes"}}}})
+model = ScriptedModel()
+
+async def rollout(policy, agent="rlsandbox_tool_agent"):
+    # As verl's AgentLoopWorker runs one sample: the registered loop, instantiated by hydra.
+    loop = hydra.utils.instantiate(
+        _agent_loop_registry[agent], trainer_config=DictConfigWrap(trainer), server_manager=model, tokenizer=tokenizer,
+        processor=None, dataset_cls=None, data_config=DictConfigWrap(OmegaConf.create({})), tools=ToolListWrap(tools))
+    out = await loop.run({"policy": policy}, raw_prompt=[{"role": "user", "content": "Fix calc.multiply."}],
+                         tools_kwargs={"sandbox": {"create_kwargs": {"task": task}}})
+    text = tokenizer.decode(out.response_ids)
+    return {"reward": out.reward_score, "rlsandbox": out.extra_fields.get("rlsandbox"), "trained_tokens": sum(out.response_mask),
+            "tool_outputs": [t.split(END)[0] for t in text.split("<|im_start|>tool\n")[1:]]}
+
+async def main():
+    report = {p: await rollout(p) for p in ("fixer", "idler", "breaker")}
+    report["plain"] = await rollout("fixer", agent="tool_agent")  # verl's own loop
+    async with AsyncClient(target) as c:
+        report["left"] = [dict(s.labels) for s in await c.list_sessions(labels={"run": "verl"})]
+    report["sessions_at_turn_2"] = seen
+    print(json.dumps(report))
+
+asyncio.run(main())
+"""
+
+
+async def test_verl_agent_loop_runs_a_trajectory_in_one_graded_session(node: NodeDaemon, task: Task, tmp_path: Path) -> None:
+    """verl 0.9.1 from PyPI (with torch's CPU build): its tool registry loads the tool from a tool
+    config, and its own ToolAgentLoop (and ``rlsandbox_tool_agent``, which grades at the end)
+    run trajectories against a scripted model: every tool call of a trajectory, two at once
+    included, in one session; the reward as the output's ``reward_score``; a lost sandbox masked."""
+    pins = ["torch==2.13.0", "verl==0.9.1"]  # torch: the CPU build this machine keeps on disk
+    result = await script_in_venv(tmp_path, node, task, "verl", pins, VERL_SCRIPT, {})
+    fixer, idler, breaker, plain = result["fixer"], result["idler"], result["breaker"], result["plain"]
+    assert fixer["reward"] == 1.0 and fixer["rlsandbox"]["resolved"], result
+    outputs = fixer["tool_outputs"]
+    assert outputs[0] == "2\n\n[exit code 0]" and "     9\t    return a + b" in outputs[1], outputs
+    assert outputs[2:] == ["edited calc/__init__.py", "submitted: ok, reward 1.0"]
+    assert result["sessions_at_turn_2"] == {"fixer": 1, "breaker": 1}  # two calls at once, one session
+    # The idler never called the tool: the untouched task's grade, from a session opened for it.
+    assert idler["reward"] == 0.0 and idler["rlsandbox"]["status"] == "ok" and idler["tool_outputs"] == []
+    assert breaker["reward"] == 0.0 and "not found" in breaker["rlsandbox"]["infra_error"]
+    assert breaker["trained_tokens"] == 0 and breaker["tool_outputs"][-1].startswith("the sandbox was lost")
+    # verl's own loop: the same tool calls in one session; the reward is not the loop's to set.
+    assert plain["tool_outputs"] == outputs and plain["reward"] is None and plain["trained_tokens"] > 0
+    assert result["left"] == []  # the submit ended the plain loop's session too
     no_sessions_left(node)
 
 

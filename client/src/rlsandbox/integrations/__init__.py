@@ -6,7 +6,8 @@ that framework: install it with the extra of the same name (``pip install
 - :mod:`rlsandbox.integrations.gymnasium`: a Gymnasium ``Env`` (docs/INTEGRATIONS.md).
 - :mod:`rlsandbox.integrations.minisweagent`: a mini-swe-agent ``Environment``.
 - :mod:`rlsandbox.integrations.skyrl`: a SkyRL-gym ``BaseTextEnv``.
-- :mod:`rlsandbox.integrations.verl`: a verl ``BaseTool`` whose session lives across a trajectory.
+- :mod:`rlsandbox.integrations.verl`: a verl ``BaseTool`` whose session lives across a trajectory, and
+  the agent loop ``rlsandbox_tool_agent`` that grades it.
 - :mod:`rlsandbox.integrations.slime`: slime's async ``Sandbox`` (no framework import: slime is
   not on PyPI).
 - :mod:`rlsandbox.integrations.rllm`: rLLM's ``Sandbox`` (no framework import either).

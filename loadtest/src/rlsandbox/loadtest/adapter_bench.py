@@ -118,7 +118,7 @@ async def bench(steps: int, rounds: int) -> dict[str, Any]:
         sync, close = await asyncio.to_thread(_sync_steps, daemon.address)
         raw_async = await client.create_session("python")
         tool = SandboxTool({"target": daemon.address})
-        trajectory = await tool.create(pool="python")
+        trajectory, _ = await tool.create(pool="python")
         slime = await RlsandboxSandbox(pool="python", target=daemon.address).__aenter__()
         async_steps: dict[str, Callable[[], Any]] = {
             "async raw client": lambda: raw_async.exec(COMMAND),
@@ -141,7 +141,7 @@ async def bench(steps: int, rounds: int) -> dict[str, Any]:
                     samples.setdefault(name, []).extend(await _time_async(async_steps[name], steps))
         finally:
             await tool.release(trajectory)
-            await tool.client.close()
+            await tool.aclose()
             await slime.__aexit__(None, None, None)
             await raw_async.close()
             await asyncio.to_thread(close)
