@@ -335,4 +335,22 @@ async def test_the_rlsandbox_verifier_gives_harbor_a_reward_the_agent_cannot_rea
     )
     assert refused["verifier_result"] is None
     assert "environment_mode = 'shared'" in str(refused["exception_info"])
+    # A multi-step task: each step has tests of its own, which the clean room does not run.
+    steps = tmp_path / "steps" / "fix-greeting"
+    shutil.copytree(FIXTURES / "fix-greeting", steps)
+    for part in ("tests", "solution"):
+        shutil.copytree(steps / part, steps / "steps" / "one" / part)
+    shutil.copy(steps / "instruction.md", steps / "steps" / "one" / "instruction.md")
+    (steps / "task.toml").write_text((steps / "task.toml").read_text() + '\n[[steps]]\nname = "one"\n')
+    stepped = await harbor_trial(
+        harbor_runner,
+        node,
+        tmp_path / "steps-out",
+        "oracle",
+        tasks=harbor_tasks_file,
+        verifier=RLSANDBOX_VERIFIER,
+        task_dir=steps,
+    )
+    [step] = stepped["step_results"]  # type: ignore[misc]
+    assert step["verifier_result"] is None and "multi-step" in str(step["exception_info"])
     assert not node.sessions.sessions

@@ -344,6 +344,13 @@ if HARBOR:  # pragma: no cover - harbor needs Python >= 3.12
         The environment must be an ``RlsandboxEnvironment`` with its task (``tasks=``)."""
 
         async def verify(self) -> VerifierResult:
+            if self.step_name is not None:
+                # The clean room runs the task's tests (what import-harbor took from tests/); a
+                # step's own tests are not among them.
+                raise ValueError(
+                    f"task {self.task.name}: step {self.step_name!r} has tests of its own, and the rlsandbox "
+                    "verifier grades by the task's top-level tests only: use harbor's verifier for multi-step tasks"
+                )
             if self._separate():
                 # harbor hands a separate verifier environment of its own, not the agent's: a
                 # grade there would score the untouched task.
