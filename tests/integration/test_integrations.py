@@ -514,6 +514,17 @@ async def test_slime_sandbox_protocol_runs_an_episode_in_a_session(node: NodeDae
         assert (await sb.exec("stat -c %U /tmp/notes.txt; wc -c < /tmp/b.bin"))[1] == "nobody\n2\n"
         assert await sb.read_file("/tmp/notes.txt") == "from the host\n"
         assert await sb.read_file("/no/such/file") == ""
+        # slime's exec_and_wait pattern: a launcher started detached (setsid, its own output file),
+        # its exit code dropped into a marker the rollout polls with short calls.
+        await sb.write_file("/tmp/.t.sh", "#!/bin/bash\ncd /tmp\nsleep 0.3; echo built; exit 5\n")
+        spawn = "chmod +x /tmp/.t.sh; setsid bash -c '/tmp/.t.sh; echo $? > /tmp/.t.done' < /dev/null > /tmp/.t.out 2>&1 &"
+        assert (await sb.exec(spawn, timeout=30, check=True, idempotent=False))[0] == 0
+        for _ in range(100):
+            code, marker, _ = await sb.exec("test -f /tmp/.t.done && cat /tmp/.t.done", timeout=15, idempotent=True)
+            if code == 0 and marker.strip():
+                break
+            await asyncio.sleep(0.05)
+        assert marker.strip() == "5" and await sb.read_file("/tmp/.t.out") == "built\n"
         assert await sb.reward() == 1.0
         sid = sb.sandbox_id
     assert sid not in node.sessions.sessions

@@ -20,7 +20,14 @@ E = P.empty
 
 # name -> [(parameter, kind, default)], self left out.
 SLIME = {
-    "exec": [("cmd", POS, E), ("user", KW, "root"), ("env", KW, None), ("timeout", KW, 120), ("check", KW, False)],
+    "exec": [
+        ("cmd", POS, E),
+        ("user", KW, "root"),
+        ("env", KW, None),
+        ("timeout", KW, 120),
+        ("check", KW, False),
+        ("idempotent", KW, True),  # since slime's 2026-07 sandbox RPC robustness change
+    ],
     "write_file": [("sandbox_path", POS, E), ("content", POS, E), ("user", KW, "root")],
     "read_file": [("sandbox_path", POS, E), ("user", KW, "root")],
 }

@@ -19,7 +19,7 @@ the session starts from its workspace, and ``reward()`` grades it) or ``pool=`` 
   ``128 + signal``; one past its ``timeout`` exits 124 (as ``timeout(1)``) with a line in stderr.
   ``check=True`` raises ``RuntimeError`` on a non-zero exit, as slime's backends do. Each call
   carries a step number (``seq``), so a call the client retries after a lost connection never
-  runs twice.
+  runs twice: slime's ``idempotent`` hint (is a replay safe?) is accepted and needs nothing more.
 - ``user``: ``"root"`` (slime's default) runs as the session's own user: root in a fresh pool, the
   unprivileged episode user in a recycling pool (which no call can leave). Another name runs the
   command through ``runuser -u <name>``, which only a root session can do (otherwise the command
@@ -28,8 +28,10 @@ the session starts from its workspace, and ``reward()`` grades it) or ``pool=`` 
 - A lost sandbox raises :class:`rlsandbox.client.SandboxRPCError` (its message names the node and
   what to do): slime's way of dropping a sample is the exception out of the rollout.
 
-Checked against slime's ``Sandbox`` protocol as published (slime is not on PyPI: the package of
-that name there is an unrelated placeholder), with a real daemon: docs/INTEGRATIONS.md.
+Checked against slime's ``Sandbox`` protocol as published (``slime/agent/sandbox.py`` of
+2026-08; slime is not on PyPI: the package of that name there is an unrelated placeholder), with
+a real daemon, including the detached-command pattern of slime's ``exec_and_wait``:
+docs/INTEGRATIONS.md.
 """
 
 from __future__ import annotations
@@ -101,7 +103,10 @@ class RlsandboxSandbox:
         env: Optional[Dict[str, str]] = None,
         timeout: int = 120,
         check: bool = False,
+        idempotent: bool = True,
     ) -> ExecOutcome:
+        # ``idempotent`` is slime's hint for a transport retry; every call here carries a step
+        # number, so a retried call is never run twice, whether the command could be or not.
         session = self._open()
         self._seq += 1
         result = await session.exec(
