@@ -543,7 +543,7 @@ async def test_slime_sandbox_protocol_runs_an_episode_in_a_session(node: NodeDae
 
 async def test_rllm_sandbox_protocol_moves_files_and_never_writes_outside(node: NodeDaemon, task: Task, tmp_path: Path) -> None:
     """rLLM's ``Sandbox`` (sync exec that raises on failure, uploads, a detached process, close),
-    injected into a flow as rLLM's ``set_sandbox`` takes it: checked against its published protocol
+    as rLLM's flows get it (``env``): checked against its published protocol
     (rllm has no Python 3.11 distribution). A download from the untrusted sandbox writes only
     regular files inside the target folder."""
     import os
@@ -606,6 +606,61 @@ MISUSES = [  # a model's arguments, and what it reads back instead of an error
     ({"tool": "view", "path": "calc/\x00x"}, "refused by the sandbox"),
     ({"tool": "write", "path": "a\x00b", "content": "x"}, "refused by the sandbox"),
 ]
+
+
+async def test_rllm_task_hooks_give_each_task_a_session_graded_in_a_clean_room(
+    node: NodeDaemon, task: Task, tmp_path: Path
+) -> None:
+    """rLLM's per-task hooks (``AgentFlowEngine(..., hooks=...)``: setup -> TaskContext with the
+    sandbox as the flow's ``env``, an evaluator, a teardown), on the stand-in types (rLLM is not on
+    PyPI; checked by hand against rllm 0.3.0.pre's own types and ``run_agent_flow``)."""
+    from rlsandbox.client import SandboxRPCError
+    from rlsandbox.integrations.rllm import CleanRoomEvaluator, RlsandboxTaskHooks
+
+    def fix(env: object) -> None:  # what a flow's run(task, config, *, env) does with its env
+        source = env.exec("cat calc/__init__.py")  # type: ignore[attr-defined]
+        env.exec("cat > calc/__init__.py <<'EOF'\n" + source.replace(BUG.strip(), FIX.strip()) + "EOF")  # type: ignore[attr-defined]
+
+    rows = tmp_path / "tasks.jsonl"
+    rows.write_text(json.dumps({**json.loads(task.spec_json()), "id": "calc-by-file"}) + "\n")
+    by_id = RlsandboxTaskHooks({"py-calc": task}, target=node.address, labels={"run": "rllm"})
+    by_file = RlsandboxTaskHooks(str(rows), target=node.address)
+    rllm_task = type("RllmTask", (), {"id": "py-calc", "instruction": "fix calc.multiply"})()
+
+    def play() -> tuple[Any, Any, Any]:  # blocking, as rLLM runs hooks and evaluators in its executor
+        solved = by_id.setup(rllm_task, None, "py-calc:0")
+        idle = by_id.setup(rllm_task, None, "py-calc:1")
+        assert by_id.client is not None and solved.env.client is by_id.client  # one channel for the tasks
+        assert node.sessions.sessions[solved.env.session.id].options.labels["rllm_uid"] == "py-calc:0"
+        try:
+            fix(solved.env)
+            return solved.evaluator.evaluate(rllm_task, None), idle.evaluator.evaluate(rllm_task, None), solved
+        finally:
+            solved.teardown()
+            idle.teardown()
+
+    won, lost, solved = await asyncio.to_thread(play)
+    assert (won.reward, won.is_correct, won.metadata["rlsandbox_status"]) == (1.0, True, "ok")
+    assert [(s.name, s.value) for s in won.signals] == [("tests_passed", 1.0)]
+    assert (lost.reward, lost.is_correct) == (0.0, False) and lost.signals[0].value == 0.4  # 2 of 5 listed tests
+    assert not solved.env.is_alive()
+    with pytest.raises(LookupError, match="no rlsandbox task"):
+        by_id.spec(type("RllmTask", (), {"id": "other"})())
+
+    # A task found in a JSONL by id; a sandbox lost before grading is an error, not a reward: rLLM
+    # retries the rollout, then ends it with TerminationReason.ERROR.
+    ctx = await asyncio.to_thread(by_file.setup, type("RllmTask", (), {"id": "calc-by-file"})(), None, "calc-by-file:0")
+    assert isinstance(ctx.evaluator, CleanRoomEvaluator)
+    session = node.sessions.sessions[ctx.env.session.id]
+    assert session.sandbox is not None
+    await node.runtime.docker.containers.container(session.sandbox.container_id).kill()
+    with pytest.raises(SandboxRPCError, match="died"):
+        await asyncio.to_thread(ctx.evaluator.evaluate, None, None)
+    await asyncio.to_thread(ctx.teardown)
+    by_id.close()
+    by_file.close()
+    assert by_id.client is None
+    no_sessions_left(node)
 
 
 async def test_a_policys_bad_arguments_are_observations_never_errors(node: NodeDaemon, task: Task) -> None:

@@ -31,13 +31,14 @@ SLIME = {
     "write_file": [("sandbox_path", POS, E), ("content", POS, E), ("user", KW, "root")],
     "read_file": [("sandbox_path", POS, E), ("user", KW, "root")],
 }
-RLLM = {
+RLLM = {  # rllm 0.3.0.pre (2026-08); start_agent_process and get_endpoint: rllm <= 0.2, kept
     "exec": [("command", POS, E), ("timeout", POS, None), ("user", POS, None)],
     "upload_file": [("local_path", POS, E), ("remote_path", POS, E)],
     "upload_dir": [("local_path", POS, E), ("remote_path", POS, E)],
+    "is_alive": [],
+    "close": [],
     "start_agent_process": [("command", POS, E), ("port", POS, E)],
     "get_endpoint": [("port", POS, E)],
-    "close": [],
 }
 
 HARBOR = {

@@ -10,7 +10,7 @@ that framework: install it with the extra of the same name (``pip install
   the agent loop ``rlsandbox_tool_agent`` that grades it.
 - :mod:`rlsandbox.integrations.slime`: slime's async ``Sandbox`` (no framework import: slime is
   not on PyPI).
-- :mod:`rlsandbox.integrations.rllm`: rLLM's ``Sandbox`` (no framework import either).
+- :mod:`rlsandbox.integrations.rllm`: rLLM's ``Sandbox`` and per-task hooks (rLLM is not on PyPI either).
 - :mod:`rlsandbox.integrations.harbor`: a harbor ``BaseEnvironment``, by import path (harbor's
   base class when harbor is importable, Python >= 3.12).
 - :mod:`rlsandbox.integrations.transfer`: uploads and downloads as tars through a command.
