@@ -243,9 +243,11 @@ async def harbor_trial(
     tasks: Path | None = None,
     verifier: str = "",
     task_dir: Path | None = None,
+    job: int = 0,
 ) -> dict[str, object]:
     """`harbor trials start` of the fixture task with ``agent`` on the rlsandbox environment (by
-    import path, on the host's network to reach the daemon); harbor's result.json."""
+    import path, on the host's network to reach the daemon); harbor's result.json. With ``job``:
+    `harbor jobs start` of that many trials at once; ``{"trials": [each trial's result.json]}``."""
     image, site = runner
     out.mkdir(parents=True)
     name = f"rlsandbox-test-harbor-{uuid.uuid4().hex[:8]}"
@@ -258,8 +260,12 @@ async def harbor_trial(
     if task_dir is not None:
         argv += ["-v", f"{task_dir}:{task_dir}:ro"]
     task = str(task_dir) if task_dir is not None else "/fixtures/harbor/fix-greeting"
-    argv += [image, "python3", "-m", "harbor.cli.main", "trials", "start", "-p", task]
-    argv += ["--agent", agent, "--trials-dir", str(out), "--env", "rlsandbox.integrations.harbor:RlsandboxEnvironment"]
+    argv += [image, "python3", "-m", "harbor.cli.main"]
+    if job:
+        argv += ["jobs", "start", "-p", task, "-k", str(job), "-n", str(job), "-o", str(out)]
+    else:
+        argv += ["trials", "start", "-p", task, "--trials-dir", str(out)]
+    argv += ["--agent", agent, "--env", "rlsandbox.integrations.harbor:RlsandboxEnvironment"]
     argv += ["--environment-kwarg", f"target={node.address}", "--environment-kwarg", "public_network_as_none=true"]
     if tasks is not None:
         argv += ["--environment-kwarg", f"tasks={tasks}"]
@@ -270,6 +276,8 @@ async def harbor_trial(
     finally:
         await asyncio.to_thread(subprocess.run, ["docker", "rm", "-f", name], capture_output=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    if job:
+        return {"trials": [json.loads(r.read_text()) for r in out.glob("*/*/result.json")]}
     [result] = out.glob("*/result.json")
     return dict(json.loads(result.read_text()))
 
@@ -353,4 +361,19 @@ async def test_the_rlsandbox_verifier_gives_harbor_a_reward_the_agent_cannot_rea
     )
     [step] = stepped["step_results"]  # type: ignore[misc]
     assert step["verifier_result"] is None and "multi-step" in str(step["exception_info"])
+    assert not node.sessions.sessions
+
+
+async def test_a_harbor_job_as_wide_as_the_pool_grades_every_trial(
+    node: NodeDaemon, harbor_tasks_file: Path, harbor_runner: tuple[str, Path], tmp_path: Path
+) -> None:
+    """8 trials at once on a pool of at most 8: every sandbox is a trial's session when they grade,
+    and each grade needs a clean room of the same pool. Without the pool's room headroom every
+    grade waited 30 s for a room and ended an infra error (found running this job by hand)."""
+    job = await harbor_trial(
+        harbor_runner, node, tmp_path / "job", "oracle", tasks=harbor_tasks_file, verifier=RLSANDBOX_VERIFIER, job=8
+    )
+    trials = job["trials"]
+    assert isinstance(trials, list) and len(trials) == 8
+    assert [reward(t) for t in trials] == [1.0] * 8
     assert not node.sessions.sessions

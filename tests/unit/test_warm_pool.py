@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from fakes import FakeChannel
-from rlsandbox.daemon.errors import SandboxDied
+from rlsandbox.daemon.errors import ResourceExhausted, SandboxDied
 from rlsandbox.daemon.model import ContainerSpec
 from rlsandbox.daemon.pool import CreateLimiter, PoolSpec, WarmPool
 from rlsandbox.daemon.sandbox import Sandbox
@@ -183,3 +183,48 @@ async def test_clean_rooms_prefer_sandboxes_with_a_warm_interpreter_and_sessions
     got = await pool.acquire(1.0, warm=False)
     assert got is not older and not got.warm
     assert await pool.acquire(1.0) is older  # no preference: the oldest
+
+
+async def test_clean_rooms_go_past_max_total_by_the_headroom_and_come_before_sessions() -> None:
+    """Every sandbox held by a session that waits for its clean room: without headroom nothing comes
+    back before the acquire timeout (found running 8 harbor trials at once on a pool of 8)."""
+    factory = FakeFactory()
+    spec = PoolSpec(name="p", container=ContainerSpec(image="img"), min_ready=0, max_total=2, room_headroom=1)
+    pool = WarmPool(spec, factory, limiter=CreateLimiter(4))  # type: ignore[arg-type]
+    runner = asyncio.create_task(pool.run())
+    try:
+        sessions = [await pool.acquire(1, warm=False), await pool.acquire(1, warm=False)]
+        late_session = asyncio.create_task(pool.acquire(2, warm=False))  # in line before the rooms
+        await asyncio.sleep(0.01)
+        first_room = await pool.acquire(1, warm=True)  # made past max_total: the headroom of 1
+        assert factory.made == 3 and pool.stats().in_use == 3
+        second_room = asyncio.create_task(pool.acquire(2, warm=True))
+        await asyncio.sleep(0.05)
+        assert not second_room.done() and factory.made == 3  # the headroom is used up
+        pool.release(first_room, "graded")
+        pool.release(sessions[0], "episode over")
+        await asyncio.sleep(0.05)
+        # What came back went to the room first, although the session waited longer.
+        assert second_room.done() and not late_session.done()
+        pool.release(await second_room, "graded")
+        pool.release(sessions[1], "episode over")
+        pool.release(await late_session, "episode over")
+    finally:
+        await pool.close(timeout=5)
+        await runner
+
+
+async def test_without_headroom_a_full_pools_rooms_wait_until_the_timeout() -> None:
+    factory = FakeFactory()
+    spec = PoolSpec(name="p", container=ContainerSpec(image="img"), min_ready=0, max_total=1, room_headroom=0)
+    pool = WarmPool(spec, factory, limiter=CreateLimiter(4))  # type: ignore[arg-type]
+    runner = asyncio.create_task(pool.run())
+    try:
+        held = await pool.acquire(1, warm=False)
+        with pytest.raises(ResourceExhausted, match="max 1"):
+            await pool.acquire(0.1, warm=True)
+        assert factory.made == 1
+        pool.release(held)
+    finally:
+        await pool.close(timeout=5)
+        await runner

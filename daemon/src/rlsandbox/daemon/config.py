@@ -45,6 +45,8 @@ class PoolConfig(BaseModel):
     setup_timeout: float = Field(120.0, gt=0)
     recycle: bool = False
     max_reuses: int = Field(50, ge=1, le=100_000)
+    # Clean rooms allowed past max_total when every sandbox is in use (pool/spec.py).
+    room_headroom: int = Field(2, ge=0, le=10_000)
 
     @model_validator(mode="after")
     def _recyclable(self) -> PoolConfig:
@@ -84,6 +86,7 @@ class PoolConfig(BaseModel):
             setup_timeout=self.setup_timeout,
             recycle=self.recycle,
             max_reuses=self.max_reuses,
+            room_headroom=self.room_headroom,
         )
 
 

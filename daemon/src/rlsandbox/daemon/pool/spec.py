@@ -22,6 +22,9 @@ class PoolSpec:
         recycle: a released sandbox is reset and verified by its agent and serves the next
             episode (docs/RELIABILITY.md: what the reset proves); any doubt destroys it instead.
         max_reuses: episodes a recycled sandbox serves at most (then it is destroyed).
+        room_headroom: clean rooms that may be made past ``max_total`` when every sandbox is in
+            use: a graded episode keeps its own sandbox while it waits for its room, so a pool
+            full of grading sessions would otherwise wait for rooms until the acquire timeout.
     """
 
     name: str
@@ -33,3 +36,4 @@ class PoolSpec:
     start_timeout: float = 30.0
     recycle: bool = False
     max_reuses: int = 50
+    room_headroom: int = 2

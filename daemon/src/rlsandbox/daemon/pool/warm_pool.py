@@ -99,6 +99,7 @@ class WarmPool:
         self._ready: collections.deque[Sandbox] = collections.deque()
         self._leased: set[Sandbox] = set()
         self._waiters: collections.deque[asyncio.Future[Sandbox]] = collections.deque()
+        self._rooms: set[asyncio.Future[Sandbox]] = set()  # waiters that are clean rooms: served first
         self._creating = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
@@ -169,6 +170,8 @@ class WarmPool:
             )
         future: asyncio.Future[Sandbox] = asyncio.get_running_loop().create_future()
         self._waiters.append(future)
+        if warm:
+            self._rooms.add(future)
         self._wake.set()
         sandbox: Sandbox | None = None
         try:
@@ -186,6 +189,7 @@ class WarmPool:
         finally:
             with contextlib.suppress(ValueError):
                 self._waiters.remove(future)
+            self._rooms.discard(future)
             if sandbox is None:
                 if not future.done():
                     future.cancel()
@@ -268,13 +272,23 @@ class WarmPool:
 
     def _deliver(self) -> None:
         while self._ready and self._waiters:
-            waiter = self._waiters.popleft()
+            waiter = self._next_waiter()
             if not waiter.done():
                 # Leased from this moment, not when the waiter wakes up: in between, a refill
                 # would see room that is not there and create past max_total.
                 sandbox = self._ready.popleft()
                 self._leased.add(sandbox)
                 waiter.set_result(sandbox)
+
+    def _next_waiter(self) -> asyncio.Future[Sandbox]:
+        """The next in line: a clean room before a session (a room ends an episode and gives back
+        two sandboxes; a session would start one and take its own)."""
+        if self._rooms:
+            for waiter in self._waiters:
+                if waiter in self._rooms and not waiter.done():
+                    self._waiters.remove(waiter)
+                    return waiter
+        return self._waiters.popleft()
 
     def _backoff_remaining(self) -> float:
         return max(0.0, self._backoff_until - time.monotonic())
@@ -328,7 +342,15 @@ class WarmPool:
             return
         live_waiters = sum(1 for w in self._waiters if not w.done())
         wanted = self.min_ready + live_waiters - len(self._ready) - self._creating - self._recycling
-        room = self.spec.max_total - len(self._ready) - len(self._leased) - self._creating - self._recycling - self._destroying
+        total = len(self._ready) + len(self._leased) + self._creating + self._recycling + self._destroying
+        room = self.spec.max_total - total
+        rooms = sum(1 for w in self._rooms if not w.done())
+        if rooms:
+            # Clean rooms may go past max_total by room_headroom: with every sandbox held by a
+            # session that waits for its room, nothing would come back before the acquire timeout.
+            uncovered = rooms - len(self._ready) - self._creating - self._recycling
+            over = max(0, total - self.spec.max_total)
+            room = max(room, min(uncovered, self.spec.room_headroom - over))
         # While failing, probe with one creation at a time instead of a burst.
         cap = 1 if self._consecutive_failures else wanted
         for _ in range(max(0, min(wanted, room, cap))):
