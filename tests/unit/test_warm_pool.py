@@ -228,3 +228,24 @@ async def test_without_headroom_a_full_pools_rooms_wait_until_the_timeout() -> N
     finally:
         await pool.close(timeout=5)
         await runner
+
+
+async def test_a_room_made_past_max_total_is_destroyed_not_recycled() -> None:
+    """Recycled, the room past max_total would be ready for the next session: the pool would then
+    hold more sessions than max_total."""
+    factory = FakeFactory()
+    spec = PoolSpec(name="p", container=ContainerSpec(image="img"), min_ready=0, max_total=1, room_headroom=1, recycle=True)
+    pool = WarmPool(spec, factory, limiter=CreateLimiter(4))  # type: ignore[arg-type]
+    runner = asyncio.create_task(pool.run())
+    try:
+        session = await pool.acquire(1, warm=False)
+        room = await pool.acquire(1, warm=True)
+        pool.release(room, "graded", reuse=True)
+        await asyncio.sleep(0.05)
+        assert factory.resets == 0 and [name for name, _ in factory.destroyed] == [room.name]
+        pool.release(session, "episode over", reuse=True)  # within max_total: recycled
+        await settle(pool, 1)
+        assert factory.resets == 1 and pool.stats().ready == 1 and factory.made == 2
+    finally:
+        await pool.close(timeout=5)
+        await runner

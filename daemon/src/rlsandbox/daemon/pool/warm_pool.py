@@ -230,6 +230,8 @@ class WarmPool:
         self._leased.discard(sandbox)
         self._last_activity = time.monotonic()
         recycle = reuse and self.spec.recycle and sandbox.alive and sandbox.reuses < self.spec.max_reuses
+        # A room made past max_total (room_headroom) goes: kept, it would be a session's next.
+        recycle = recycle and self._total() < self.spec.max_total
         if recycle:
             self._recycling += 1
         else:
@@ -279,6 +281,10 @@ class WarmPool:
                 sandbox = self._ready.popleft()
                 self._leased.add(sandbox)
                 waiter.set_result(sandbox)
+
+    def _total(self) -> int:
+        """Every sandbox of the pool: ready, leased, on its way in or out (max_total bounds it)."""
+        return len(self._ready) + len(self._leased) + self._creating + self._recycling + self._destroying
 
     def _next_waiter(self) -> asyncio.Future[Sandbox]:
         """The next in line: a clean room before a session (a room ends an episode and gives back
@@ -342,7 +348,7 @@ class WarmPool:
             return
         live_waiters = sum(1 for w in self._waiters if not w.done())
         wanted = self.min_ready + live_waiters - len(self._ready) - self._creating - self._recycling
-        total = len(self._ready) + len(self._leased) + self._creating + self._recycling + self._destroying
+        total = self._total()
         room = self.spec.max_total - total
         rooms = sum(1 for w in self._rooms if not w.done())
         if rooms:
