@@ -62,7 +62,8 @@ def test_folders_that_are_not_harbor_tasks_are_refused_clearly(tmp_path: Path) -
 def test_a_harbor_trial_finds_its_task_in_the_importers_jsonl(tmp_path: Path) -> None:
     """The adapter's ``tasks=``: one import-harbor JSONL for a whole job, each trial's task found
     by the id the importer gave its folder; a missing task or a broken line says what to do."""
-    from rlsandbox.integrations.harbor_tasks import harbor_task_id, task_from_file, task_name
+    from rlsandbox.integrations.harbor_tasks import harbor_task_id, task_name
+    from rlsandbox.integrations.tools import task_from_file
 
     spec, _ = from_harbor(FIXTURE)
     tasks = tmp_path / "tasks.jsonl"

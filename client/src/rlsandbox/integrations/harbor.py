@@ -55,8 +55,8 @@ from typing import Any, Dict, List, Mapping, Optional, Union
 from rlsandbox.client import AsyncClient, AsyncSession, GradeResult
 from rlsandbox.client import ExecResult as _RawResult
 from rlsandbox.integrations import transfer
-from rlsandbox.integrations.harbor_tasks import dockerfile_workdir, harbor_image, harbor_task_id, task_from_file, task_name
-from rlsandbox.integrations.tools import outcome, session_options
+from rlsandbox.integrations.harbor_tasks import dockerfile_workdir, harbor_image, harbor_task_id, task_name
+from rlsandbox.integrations.tools import grade_record, outcome, session_options, task_from_file
 
 try:  # harbor's base and result types when harbor is importable (Python >= 3.12)
     from harbor.environments.base import BaseEnvironment as _Base
@@ -315,20 +315,7 @@ async def clean_room_rewards(environment: Any, verifier_dir: Optional[Path]) -> 
         )
     grade = await environment.grade()
     if verifier_dir is not None:
-        doc = {
-            "status": grade.status,
-            "reward": grade.reward,
-            "resolved": grade.resolved,
-            "message": grade.message,
-            "counts": grade.counts,
-            "tampering": grade.tampering,
-            "limits": grade.limits,
-            "exit_code": grade.exit_code,
-            "timed_out": grade.timed_out,
-            "duration": grade.duration,
-            "session_id": grade.session_id,
-        }
-        await asyncio.to_thread(_write, Path(verifier_dir) / "grade.json", json.dumps(doc, indent=1).encode())
+        await asyncio.to_thread(_write, Path(verifier_dir) / "grade.json", json.dumps(grade_record(grade), indent=1).encode())
         await asyncio.to_thread(_write, Path(verifier_dir) / "test-output.log", grade.log)
     if grade.reward is None:
         raise RuntimeError(f"rlsandbox could not grade session {grade.session_id} ({grade.status}): {grade.message}")

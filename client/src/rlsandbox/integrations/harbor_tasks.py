@@ -5,7 +5,6 @@ harbor adapter, which must find the image the importer built; importing this nev
 from __future__ import annotations
 
 import hashlib
-import json
 import posixpath
 import re
 import tomllib
@@ -46,43 +45,3 @@ def dockerfile_workdir(dockerfile: str) -> str:
             value = parts[1].strip().strip('"')
             workdir = value if value.startswith("/") else posixpath.join(workdir or "/", value)
     return workdir
-
-
-_TASK_FILES: dict[tuple[str, int, int], dict[str, dict[str, object]]] = {}  # (path, mtime, size) -> id -> spec
-
-
-def task_from_file(path: str | Path, task_id: str) -> dict[str, object]:
-    """The spec of ``task_id`` in a JSONL file of ``rlsandbox tasks import-harbor --out``: one file
-    serves every trial of a harbor job (read once per version of the file)."""
-    where = Path(path)
-    try:
-        st = where.stat()
-    except OSError as e:
-        raise FileNotFoundError(
-            f"{where}: the tasks file is not readable ({e.strerror}): make it with "
-            "'rlsandbox tasks import-harbor TASKS_DIR --build --out FILE'"
-        ) from e
-    key = (str(where.resolve()), st.st_mtime_ns, st.st_size)
-    specs = _TASK_FILES.get(key)
-    if specs is None:
-        specs = {}
-        with where.open(encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    spec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{where}:{number}: not a JSON task spec ({e.msg})") from e
-                if not isinstance(spec, dict) or not isinstance(spec.get("id"), str):
-                    raise ValueError(f"{where}:{number}: a task spec needs an 'id'")
-                specs[spec["id"]] = spec
-        _TASK_FILES.clear()  # one file per process at a time, in practice: keep only the newest
-        _TASK_FILES[key] = specs
-    found = specs.get(task_id)
-    if found is None:
-        raise LookupError(
-            f"task {task_id!r} is not in {where} ({len(specs)} tasks): import its folder with "
-            "'rlsandbox tasks import-harbor' into that file"
-        )
-    return found

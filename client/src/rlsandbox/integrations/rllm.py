@@ -46,8 +46,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from rlsandbox.client import Client, ExecResult, GradeResult, Session
 from rlsandbox.integrations import transfer
-from rlsandbox.integrations.harbor_tasks import task_from_file
-from rlsandbox.integrations.tools import session_options
+from rlsandbox.integrations.tools import session_options, task_from_file
 
 
 class RlsandboxSandbox:

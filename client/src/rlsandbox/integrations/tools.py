@@ -7,6 +7,9 @@ is an observation saying so, never an exception: it is the policy's mistake, not
 A call is a dict ``{"tool": "edit", "path": ..., "old": ..., "new": ...}`` or a plain string (a
 bash command). As text (what a model writes), a JSON object with a ``tool`` key is a call, any
 other text a bash command.
+
+Also shared: :func:`grade_record` (a grade as plain data) and :func:`task_from_file` (a task of an
+importer's JSONL, by id).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, Generator, Optional, Tuple, Union
 
 from rlsandbox.client import AsyncSession, ExecResult, GradeResult, InvalidArgumentError, Session
@@ -267,3 +271,60 @@ def outcome(result: ExecResult) -> ExecOutcome:
     if result.exit_code is None:
         return 128 + (result.signal or 0), result.stdout_text, err
     return result.exit_code, result.stdout_text, err
+
+
+def grade_record(grade: GradeResult) -> Dict[str, Any]:
+    """A grade as plain data (JSON-ready), as the adapters hand it to their framework."""
+    return {
+        "status": grade.status,
+        "reward": grade.reward,
+        "resolved": grade.resolved,
+        "message": grade.message,
+        "counts": dict(grade.counts),
+        "tampering": list(grade.tampering),
+        "limits": list(grade.limits),
+        "exit_code": grade.exit_code,
+        "timed_out": grade.timed_out,
+        "duration": grade.duration,
+        "session_id": grade.session_id,
+    }
+
+
+_TASK_FILES: Dict[Tuple[str, int, int], Dict[str, Dict[str, Any]]] = {}  # (path, mtime, size) -> id -> spec
+
+
+def task_from_file(path: Union[str, Path], task_id: str) -> Dict[str, Any]:
+    """The spec of ``task_id`` in a JSONL file of ``rlsandbox tasks import-*``: one file serves every
+    episode of a run (read once per version of the file)."""
+    where = Path(path)
+    try:
+        st = where.stat()
+    except OSError as e:
+        raise FileNotFoundError(
+            f"{where}: the tasks file is not readable ({e.strerror}): make it with "
+            "'rlsandbox tasks import-harbor TASKS_DIR --build --out FILE'"
+        ) from e
+    key = (str(where.resolve()), st.st_mtime_ns, st.st_size)
+    specs = _TASK_FILES.get(key)
+    if specs is None:
+        specs = {}
+        with where.open(encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    spec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{where}:{number}: not a JSON task spec ({e.msg})") from e
+                if not isinstance(spec, dict) or not isinstance(spec.get("id"), str):
+                    raise ValueError(f"{where}:{number}: a task spec needs an 'id'")
+                specs[spec["id"]] = spec
+        _TASK_FILES.clear()  # one file per process at a time, in practice: keep only the newest
+        _TASK_FILES[key] = specs
+    found = specs.get(task_id)
+    if found is None:
+        raise LookupError(
+            f"task {task_id!r} is not in {where} ({len(specs)} tasks): import its folder with "
+            "'rlsandbox tasks import-harbor' into that file"
+        )
+    return found

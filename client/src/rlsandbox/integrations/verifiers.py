@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import verifiers as vf
 from datasets import Dataset
-from rlsandbox.client import AsyncClient, AsyncSession, GradeResult, SandboxRPCError, TaskRef
+from rlsandbox.client import AsyncClient, AsyncSession, SandboxRPCError, TaskRef
 from rlsandbox.integrations import tools
 from rlsandbox.integrations.tools import session_options
 
@@ -217,7 +217,7 @@ class RlsandboxEnv(vf.StatefulToolEnv):
                 except SandboxRPCError as e:
                     state["error"] = vf.SandboxError(f"rlsandbox: the grade failed: {e}")
                 else:
-                    state[GRADE_KEY] = grade_record(grade)
+                    state[GRADE_KEY] = tools.grade_record(grade)
                     if grade.reward is None:
                         state["error"] = vf.SandboxError(f"rlsandbox: not scored ({grade.status}): {grade.message}")
         finally:
@@ -246,17 +246,6 @@ class RlsandboxEnv(vf.StatefulToolEnv):
             await session.close()
         except SandboxRPCError as e:  # the node went away: its reconciler removes the sandbox
             self.logger.warning("rlsandbox: could not close session %s: %s", session.id, e)
-
-
-def grade_record(grade: GradeResult) -> Dict[str, Any]:
-    """A grade as plain data, for the rollout's state and saved outputs."""
-    return {
-        "status": grade.status,
-        "reward": grade.reward,
-        "resolved": grade.resolved,
-        "tampering": list(grade.tampering),
-        "message": grade.message,
-    }
 
 
 def task_dataset(tasks: Sequence[Any]) -> Dataset:

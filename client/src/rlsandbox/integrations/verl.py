@@ -291,13 +291,7 @@ if VERL:  # pragma: no cover - verl needs torch
                 output.extra_fields["rlsandbox"] = {"infra_error": error}
             else:
                 output.reward_score = float(grade.reward if grade.reward is not None else 0.0)
-                output.extra_fields["rlsandbox"] = {
-                    "status": grade.status,
-                    "reward": grade.reward,
-                    "resolved": grade.resolved,
-                    "tampering": list(grade.tampering),
-                    "session_id": grade.session_id,
-                }
+                output.extra_fields["rlsandbox"] = tools.grade_record(grade)
             return output
 
         async def _call_tool(self, tool_call: Any, tools_kwargs: Dict[str, Any], agent_data: Any) -> Any:
