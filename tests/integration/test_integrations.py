@@ -660,6 +660,22 @@ async def test_rllm_task_hooks_give_each_task_a_session_graded_in_a_clean_room(
     by_id.close()
     by_file.close()
     assert by_id.client is None
+
+    # rLLM sets tasks up from its executor's threads at once: one client for all of them (a
+    # client made by each racing thread but one would never be closed).
+    wide = RlsandboxTaskHooks({"py-calc": task}, target=node.address)
+
+    def many() -> set[int]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(8) as pool:
+            contexts = list(pool.map(lambda i: wide.setup(rllm_task, None, f"py-calc:w{i}"), range(8)))
+        for ctx in contexts:
+            ctx.teardown()
+        return {id(ctx.env.client) for ctx in contexts}
+
+    assert await asyncio.to_thread(many) == {id(wide.client)}
+    wide.close()
     no_sessions_left(node)
 
 

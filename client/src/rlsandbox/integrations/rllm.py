@@ -40,6 +40,7 @@ stand-in types with the same fields (docs/INTEGRATIONS.md).
 from __future__ import annotations
 
 import shlex
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
@@ -238,6 +239,7 @@ class RlsandboxTaskHooks:
         self.target = target
         self.labels = {str(k): str(v) for k, v in dict(labels or {}).items()}
         self.client = client
+        self._lock = threading.Lock()  # rLLM runs setup from its executor's threads at once
 
     def spec(self, task: Any) -> Any:
         """The rlsandbox task of an rLLM task (or of a task id)."""
@@ -252,12 +254,15 @@ class RlsandboxTaskHooks:
 
     def close(self) -> None:
         """Close the hooks' client (the tasks' sessions end at their teardown)."""
-        client, self.client = self.client, None
+        with self._lock:
+            client, self.client = self.client, None
         if client is not None:
             client.close()
 
     def setup(self, task: Any, agent_flow: Any, uid: str) -> TaskContext:
-        if self.client is None:
-            self.client = Client(self.target)  # shared by the tasks' sandboxes (thread-safe)
-        sandbox = RlsandboxSandbox(name=uid, task=self.spec(task), labels={**self.labels, "rllm_uid": uid}, client=self.client)
+        with self._lock:
+            if self.client is None:
+                self.client = Client(self.target)  # shared by the tasks' sandboxes (thread-safe)
+            client = self.client
+        sandbox = RlsandboxSandbox(name=uid, task=self.spec(task), labels={**self.labels, "rllm_uid": uid}, client=client)
         return TaskContext(evaluator=CleanRoomEvaluator(sandbox), env=sandbox, teardown=sandbox.close)
