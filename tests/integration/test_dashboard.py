@@ -96,6 +96,9 @@ async def test_the_dashboard_shows_a_run_live_in_a_real_browser(
         await expect(run_row.locator(".gradings")).to_have_text("1", timeout=15_000)
         await expect(run_row.locator(".mean-reward")).to_have_text("1.000")
         await expect(page.locator(f'#nodes tr[data-node="{config.node_id}"] td').nth(1)).to_have_text("live", timeout=15_000)
+        # The rate is the page's own computation from the stream: give it its first update (a fresh
+        # CI run read it at 0.00 once, right after the node turned live).
+        await expect(page.locator("#rate-steps")).not_to_have_text("0.00", timeout=15_000)
         assert float(await page.locator("#rate-steps").text_content() or "0") > 0  # commands in the last minute
 
         await run_row.click()
