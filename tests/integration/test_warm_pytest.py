@@ -114,7 +114,19 @@ async def _graded(
             await s.write_files(extra)
         r = await s.grade()
     assert r.status == "ok" and not r.tampering, (r.message, r.tampering, r.log.decode()[-2000:])
-    return r.reward, _where(r.log)
+    facts = _where(r.log)
+    facts["failures"] = _failures(r.log)
+    return r.reward, facts
+
+
+def _failures(log: bytes) -> str:
+    """The run's failure reports (tracebacks with their source lines), as pytest printed them."""
+    text = log.decode(errors="replace")
+    start = text.find("= FAILURES =")
+    if start < 0:
+        return ""
+    ends = [i for i in (text.find(" PASSES ", start), text.find(" short test summary info ", start)) if i > 0]
+    return text[start : min(ends, default=len(text))]
 
 
 def _same_run(facts: dict[str, object]) -> dict[str, object]:
@@ -122,6 +134,7 @@ def _same_run(facts: dict[str, object]) -> dict[str, object]:
     out = dict(facts)
     out.pop("parent")
     out.pop("frozen")
+    out.pop("failures")
     out["path"] = [re.sub(r"\.rlsandbox-grade-[0-9a-f]+", "REPORT", p) for p in facts["path"]]  # type: ignore[attr-defined]
     return out
 
@@ -145,6 +158,13 @@ async def test_a_recycling_room_forks_pytest_from_its_warm_interpreter_as_a_cold
     # Same user, path, arguments, environment, working folder as the cold run.
     for f in warm:
         assert _same_run(f) == _same_run(cold[0]), json.dumps([_same_run(f), _same_run(cold[0])], indent=1)
+    # A failing run reports its failures as a cold one does: each traceback with its source lines
+    # (the warm interpreter hands its runs inspect's cache of loaded modules, filled once).
+    reports = {reward: {f["failures"] for r, f in runs if r == reward and f in warm} for reward in (0.0, 1.0)}
+    cold_reports = {reward: {f["failures"] for r, f in runs if r == reward and f in cold} for reward in (0.0, 1.0)}
+    assert reports[1.0] == {""} and len(reports[0.0]) == 1, reports
+    assert "def test_multiply" in next(iter(reports[0.0])) and "\nE   " in next(iter(reports[0.0])), reports
+    assert not cold_reports[0.0] or cold_reports[0.0] == reports[0.0], (cold_reports, reports)
 
 
 async def test_the_warm_interpreter_is_out_of_the_episodes_reach(node: NodeDaemon, task: Task) -> None:
