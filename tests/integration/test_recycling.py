@@ -279,3 +279,80 @@ async def test_the_daemons_own_commands_run_out_of_the_episodes_reach(node: Node
         # A bounded read ends the command at its cap instead of waiting for it.
         endless = await sandbox.exec(ExecRequest(argv=("yes",), stdout_cap=4096, cap_kills=True, as_root=True, timeout=30))
         assert endless.stdout_truncated and len(endless.stdout) == 4096 and not endless.timed_out
+
+
+# Runs in the background of an episode while its commands start: whenever the agent (PID 1) holds
+# the episode's user's ids to start one (agent/sandbox_agent.py, _UserIds), it tries what a process
+# of that user could then do to it. Writes what it saw to /tmp/window.json.
+WINDOW_ATTACK = r"""
+import ctypes, json, os, signal, time
+libc = ctypes.CDLL(None, use_errno=True)
+seen = {"windows": 0, "term": 0, "ptrace": 0, "mem": 0, "oom": 0, "nice": 0, "idle": 0, "cpus": 0}
+def attempt(name, fn):
+    try:
+        if fn() is not False:
+            seen[name] += 1
+    except OSError as e:
+        seen.setdefault("errors", {})[name] = str(e)
+end = time.monotonic() + float(os.environ["SECONDS_"])
+while time.monotonic() < end and seen["windows"] < 200:
+    status = open("/proc/1/status").read()
+    uid = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
+    if uid[0] == "0":
+        continue
+    seen["windows"] += 1
+    attempts = [
+        ("term", lambda: os.kill(1, signal.SIGTERM)),
+        ("ptrace", lambda: libc.ptrace(16, 1, 0, 0) == 0),  # PTRACE_ATTACH
+        ("mem", lambda: open("/proc/1/mem", "rb").close()),
+        ("oom", lambda: open("/proc/1/oom_score_adj", "w").write("1000")),
+        ("nice", lambda: os.setpriority(os.PRIO_PROCESS, 1, 19)),
+        ("idle", lambda: os.sched_setscheduler(1, os.SCHED_IDLE, os.sched_param(0))),
+        ("cpus", lambda: os.sched_setaffinity(1, {min(os.sched_getaffinity(0))})),
+    ]
+    first = seen["windows"] % len(attempts)  # each attack goes first in turn: a window is short
+    for name, fn in attempts[first:] + attempts[:first]:
+        attempt(name, fn)
+json.dump(seen, open("/tmp/window.json", "w"))
+"""
+
+
+async def test_the_agent_starts_user_commands_with_their_ids_out_of_their_reach(node: NodeDaemon) -> None:
+    """A recycling sandbox's agent starts the episode's commands with posix_spawn while it holds
+    the user's real and effective ids (no fork of the agent per command), keeping root's saved
+    ids. A command is the user's through and through; the episode's own processes, trying all the
+    while, can neither stop, trace nor read the agent, and what they change of its scheduling is
+    undone, or the sandbox is never handed out again."""
+    async with AsyncClient(node.address, timeout=60) as client:
+        s = await client.create_session("recycled", acquire_timeout=60)
+        container = await _container(s)
+        status = (await s.exec("cat /proc/self/status")).stdout_text
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        assert fields["Uid"].split() == ["1000"] * 4 and fields["Gid"].split() == ["1000"] * 4, status
+        assert fields["Groups"].strip() == "", status
+        for cap in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+            assert int(fields[cap], 16) == 0, status
+        agent_before = (await s.exec("cat /proc/1/status")).stdout_text
+        attacker = asyncio.ensure_future(s.exec(["python3", "-c", WINDOW_ATTACK], env={"SECONDS_": "20"}, timeout=40))
+        commands = 0
+        while not attacker.done():
+            assert (await s.exec("true")).exit_code == 0  # the agent lives through every attempt
+            commands += 1
+        assert (await attacker).exit_code == 0, attacker.result().stderr_text
+        seen = json.loads((await s.exec("cat /tmp/window.json")).stdout)
+        assert seen["windows"] > 0, (seen, commands)  # the agent took the user's ids (the fast path ran)
+        assert seen["ptrace"] == seen["mem"] == seen["oom"] == 0, seen
+        agent = dict(line.split(":", 1) for line in (await s.exec("cat /proc/1/status")).stdout_text.splitlines() if ":" in line)
+        before = dict(line.split(":", 1) for line in agent_before.splitlines() if ":" in line)
+        assert agent["Uid"].split() == ["0"] * 4 and agent["Cpus_allowed_list"] == before["Cpus_allowed_list"], agent
+        nice = int((await s.exec("cat /proc/1/stat")).stdout_text.rsplit(")", 1)[1].split()[16])
+        await s.close()
+        # A nice value or policy root without CAP_SYS_NICE cannot undo: that sandbox is destroyed.
+        failures = node.pools["recycled"].stats().recycle_failures_total
+        async with client.session("recycled", acquire_timeout=60) as s2:
+            reused = await _container(s2) == container
+            tainted = nice != 0 or seen["idle"] > 0
+            assert reused == (not tainted), (seen, nice, reused)
+            if not reused:
+                assert node.pools["recycled"].stats().recycle_failures_total > failures
+            assert int((await s2.exec("cat /proc/1/stat")).stdout_text.rsplit(")", 1)[1].split()[16]) == 0
