@@ -346,13 +346,15 @@ async def test_the_agent_starts_user_commands_with_their_ids_out_of_their_reach(
         before = dict(line.split(":", 1) for line in agent_before.splitlines() if ":" in line)
         assert agent["Uid"].split() == ["0"] * 4 and agent["Cpus_allowed_list"] == before["Cpus_allowed_list"], agent
         nice = int((await s.exec("cat /proc/1/stat")).stdout_text.rsplit(")", 1)[1].split()[16])
+        sandbox = node.sessions.get(s.id).sandbox  # type: ignore[union-attr]
+        worn = sandbox is not None and sandbox.reuses >= 3  # max_reuses: destroyed whatever the reset finds
         await s.close()
         # A nice value or policy root without CAP_SYS_NICE cannot undo: that sandbox is destroyed.
         failures = node.pools["recycled"].stats().recycle_failures_total
         async with client.session("recycled", acquire_timeout=60) as s2:
             reused = await _container(s2) == container
             tainted = nice != 0 or seen["idle"] > 0
-            assert reused == (not tainted), (seen, nice, reused)
-            if not reused:
+            assert reused == (not tainted and not worn), (seen, nice, reused, worn)
+            if tainted:
                 assert node.pools["recycled"].stats().recycle_failures_total > failures
             assert int((await s2.exec("cat /proc/1/stat")).stdout_text.rsplit(")", 1)[1].split()[16]) == 0

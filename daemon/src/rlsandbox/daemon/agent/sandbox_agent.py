@@ -16,6 +16,7 @@ The framing half of this file (``encode_frame``, ``FrameDecoder``) is imported b
 so both ends share one implementation.
 """
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -260,20 +261,20 @@ RESET_KILL_WINDOW = 5.0  # seconds a reset may spend ending processes before it 
 _ROOT = []
 
 
-def _user_ids_allowed():
-    """Whether the agent may hold the episode's user's real and effective ids for a moment
+def _allow_user_ids():
+    """Fill _ROOT where the agent may hold the episode's user's real and effective ids for a moment
     (_UserIds): as PID 1 (whose signals from inside the sandbox need a handler to arrive at all),
     as root, on a kernel whose fs.suid_dumpable (0 or 2) makes a process that changes its ids
     undumpable for good (its /proc files stay root's). Checked once, at start; the first round
     trip happens here, before any command of the user exists."""
     if os.getpid() != 1 or not _OWNER or not hasattr(os, "setresuid") or not hasattr(os, "posix_spawn"):
-        return False
+        return
     try:
         with open("/proc/sys/fs/suid_dumpable", "rb") as f:
             if f.read().strip() not in (b"0", b"2"):
-                return False
+                return
         if os.getresuid() != (0, 0, 0) or os.getresgid() != (0, 0, 0):
-            return False
+            return
         _ROOT.append(
             (
                 os.getgroups(),
@@ -285,10 +286,8 @@ def _user_ids_allowed():
         )
         with _UserIds():
             pass
-        return True
     except (OSError, AttributeError):
         del _ROOT[:]
-        return False
 
 
 class _UserIds:
@@ -297,7 +296,7 @@ class _UserIds:
     command (2.3 ms against 1.1 ms, measured in the python-task image).
 
     The saved ids stay root's: nothing of the user's may trace the agent, read its memory or open
-    its /proc files (undumpable since _user_ids_allowed), and the agent takes root back at once.
+    its /proc files (undumpable since _allow_user_ids), and the agent takes root back at once.
     For that moment the user's processes may signal it and change its scheduling: SIGTERM and
     SIGINT have no handler meanwhile (PID 1 drops a signal without one sent from inside its
     namespace; a `docker stop` then takes its grace period), and a nice value, policy or CPU set
@@ -338,17 +337,6 @@ class _UserIds:
         except OSError as e:
             _UserIds.tainted = "the episode changed the agent's scheduling and it cannot be undone: %s" % e
         return False
-
-
-class _AsIs:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, value, tb):
-        return False
-
-
-_AS_IS = _AsIs()
 
 
 def _demote():
@@ -410,7 +398,7 @@ def _spawn(argv, env, cwd, with_stdin, root=False):
                 env = _ENVIRON[0]
             # As the user: the child is the user's from its start and execs with these ids; PATH
             # is searched with them (os.access checks the real ids), from the command's folder.
-            with _UserIds() if as_user else _AS_IS:
+            with _UserIds() if as_user else contextlib.nullcontext():
                 if which:
                     program = _which(program, env["PATH"])
                 pid = spawn(program, argv, env, file_actions=actions, setsid=True, setsigdef=_SIGDEF)
@@ -2102,7 +2090,7 @@ def main(argv=None):
         workdir = os.getcwd()
         os.chown(workdir, _OWNER[0][0], _OWNER[0][1], follow_symlinks=False)
         _BASELINE.extend([_mountinfo(), workdir])
-        _user_ids_allowed()
+        _allow_user_ids()
     if argv[:1] == ["--socket"] and len(argv) == 2:
         listener = listen_unix(argv[1])
     elif argv[:1] == ["--connect"] and len(argv) == 2:
