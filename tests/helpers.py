@@ -126,3 +126,37 @@ def assert_every_step_stored(store: Any, session_ids: set[str], steps: int) -> N
     for sid in session_ids:
         seqs = [e["seq"] for e in store.timeline(sid)]
         assert seqs == list(range(1, len(seqs) + 1))  # in order, no gap, no duplicate row
+
+
+# An episode stopping every process it may signal, for SECONDS_ seconds: a command's process is the
+# episode's between its start and its exec, and whatever started it waits for that exec.
+STOP_LOOP = r"""
+import os, signal, time
+end = time.monotonic() + float(os.environ["SECONDS_"])
+while time.monotonic() < end:
+    try:
+        os.kill(-1, signal.SIGSTOP)
+    except OSError:
+        pass
+"""
+
+
+async def commands_through_a_stop_loop(session: Any, seconds: float = 5.0) -> dict[str, int]:
+    """Start commands, plain and in new persistent shells, while the episode runs STOP_LOOP;
+    every one must come back (run, killed before its exec, or timed out stopped after it): the
+    agent answers throughout. Then the session works as before. Counts what the commands did."""
+    loop = session.exec(["python3", "-c", STOP_LOOP], env={"SECONDS_": str(seconds)}, timeout=seconds + 30)
+    attacker = asyncio.ensure_future(loop)
+    seen = {"commands": 0, "ran": 0, "killed": 0, "timed_out": 0}
+    try:
+        while not attacker.done():
+            shell = f"s{seen['commands']}" if seen["commands"] % 3 == 2 else ""
+            r = await session.exec("true", timeout=3, shell_session=shell)
+            seen["commands"] += 1
+            seen["ran" if r.exit_code == 0 else "timed_out" if r.timed_out else "killed"] += 1
+    finally:
+        await attacker
+    for _ in range(3):
+        assert (await session.exec("echo ok")).stdout == b"ok\n"
+        assert (await session.exec("echo ok", shell_session="after")).stdout == b"ok\n"
+    return seen

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helpers import daemon_config, running_daemon
+from helpers import commands_through_a_stop_loop, daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, AsyncSession, NotFoundError, SandboxAbortedError
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.errors import ArchiveCutShort
@@ -253,3 +253,13 @@ async def test_special_files_never_wedge_the_agent(node: NodeDaemon, hc: AsyncCl
         assert time.monotonic() - started < 10
         assert (await s.exec("cat /tmp/target.txt /tmp/ok.txt")).stdout == b"over the fifofine"
         assert (await hc.get_session(s.id)).state == "ready"
+
+
+async def test_an_episode_stopping_its_own_processes_never_freezes_the_agent(node: NodeDaemon, hc: AsyncClient) -> None:
+    """As root, `kill -STOP -1` in a loop stops every command's process before its exec too: the
+    agent kills such a process and answers throughout; the session is never lost to it."""
+    async with hc.session("python") as s:
+        seen = await commands_through_a_stop_loop(s)
+        assert seen["commands"] > 0, seen
+        assert (await hc.get_session(s.id)).state == "ready"
+    await assert_node_healthy(node, hc)

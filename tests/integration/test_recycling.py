@@ -11,7 +11,7 @@ import tarfile
 from collections.abc import AsyncIterator
 
 import pytest
-from helpers import PYTHON, daemon_config, running_daemon
+from helpers import PYTHON, commands_through_a_stop_loop, daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, AsyncSession
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.grading.task import tar_files
@@ -281,34 +281,42 @@ async def test_the_daemons_own_commands_run_out_of_the_episodes_reach(node: Node
         assert endless.stdout_truncated and len(endless.stdout) == 4096 and not endless.timed_out
 
 
-# Runs in the background of an episode while its commands start: whenever the agent (PID 1) holds
-# the episode's user's ids to start one (agent/sandbox_agent.py, _UserIds), it tries what a process
-# of that user could then do to it. Writes what it saw to /tmp/window.json.
+# Runs in the background of an episode while its commands start: whenever a thread of the agent
+# (PID 1) holds the episode's user's ids to start one (agent/sandbox_agent.py, _Spawner), it tries
+# what a process of that user could then do to it, through that thread's id and through PID 1.
+# Writes what it saw to /tmp/window.json.
 WINDOW_ATTACK = r"""
 import ctypes, json, os, signal, time
 libc = ctypes.CDLL(None, use_errno=True)
-seen = {"windows": 0, "term": 0, "ptrace": 0, "mem": 0, "oom": 0, "nice": 0, "idle": 0, "cpus": 0}
+seen = {"windows": 0, "term": 0, "ptrace": 0, "mem": 0, "oom": 0, "nice": 0, "idle": 0, "cpus": 0, "main": 0}
 def attempt(name, fn):
     try:
         if fn() is not False:
             seen[name] += 1
     except OSError as e:
         seen.setdefault("errors", {})[name] = str(e)
+def uid(tid):
+    status = open("/proc/1/task/%s/status" % tid).read()
+    return next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1]
 end = time.monotonic() + float(os.environ["SECONDS_"])
+tids = []
 while time.monotonic() < end and seen["windows"] < 200:
-    status = open("/proc/1/status").read()
-    uid = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
-    if uid[0] == "0":
+    try:
+        tid = next(t for t in tids if uid(t) != "0")
+    except (StopIteration, OSError):
+        tids = os.listdir("/proc/1/task")  # the agent's threads: a retired spawner's successor is new
         continue
     seen["windows"] += 1
+    t = int(tid)
     attempts = [
-        ("term", lambda: os.kill(1, signal.SIGTERM)),
-        ("ptrace", lambda: libc.ptrace(16, 1, 0, 0) == 0),  # PTRACE_ATTACH
-        ("mem", lambda: open("/proc/1/mem", "rb").close()),
+        ("term", lambda: os.kill(t, signal.SIGTERM)),  # a thread's id signals the whole process
+        ("ptrace", lambda: libc.ptrace(16, t, 0, 0) == 0),  # PTRACE_ATTACH
+        ("mem", lambda: open("/proc/1/task/%d/mem" % t, "rb").close()),
         ("oom", lambda: open("/proc/1/oom_score_adj", "w").write("1000")),
-        ("nice", lambda: os.setpriority(os.PRIO_PROCESS, 1, 19)),
-        ("idle", lambda: os.sched_setscheduler(1, os.SCHED_IDLE, os.sched_param(0))),
-        ("cpus", lambda: os.sched_setaffinity(1, {min(os.sched_getaffinity(0))})),
+        ("nice", lambda: os.setpriority(os.PRIO_PROCESS, t, 19)),
+        ("idle", lambda: os.sched_setscheduler(t, os.SCHED_IDLE, os.sched_param(0))),
+        ("cpus", lambda: os.sched_setaffinity(t, {min(os.sched_getaffinity(0))})),
+        ("main", lambda: [os.setpriority(os.PRIO_PROCESS, 1, 19), os.kill(1, signal.SIGTERM)]),  # root throughout
     ]
     first = seen["windows"] % len(attempts)  # each attack goes first in turn: a window is short
     for name, fn in attempts[first:] + attempts[:first]:
@@ -318,11 +326,12 @@ json.dump(seen, open("/tmp/window.json", "w"))
 
 
 async def test_the_agent_starts_user_commands_with_their_ids_out_of_their_reach(node: NodeDaemon) -> None:
-    """A recycling sandbox's agent starts the episode's commands with posix_spawn while it holds
-    the user's real and effective ids (no fork of the agent per command), keeping root's saved
-    ids. A command is the user's through and through; the episode's own processes, trying all the
-    while, can neither stop, trace nor read the agent, and what they change of its scheduling is
-    undone, or the sandbox is never handed out again."""
+    """A recycling sandbox's agent starts the episode's commands with posix_spawn from a thread
+    that holds the user's real and effective ids for the moment (no fork of the agent per
+    command), keeping root's saved ids; the agent's main thread stays root. A command is the
+    user's through and through; the episode's own processes, trying all the while, can neither
+    stop, trace nor read the agent, and what they change of that thread's scheduling dies with it:
+    the next episode's agent has none of it."""
     async with AsyncClient(node.address, timeout=60) as client:
         s = await client.create_session("recycled", acquire_timeout=60)
         container = await _container(s)
@@ -340,21 +349,41 @@ async def test_the_agent_starts_user_commands_with_their_ids_out_of_their_reach(
             commands += 1
         assert (await attacker).exit_code == 0, attacker.result().stderr_text
         seen = json.loads((await s.exec("cat /tmp/window.json")).stdout)
-        assert seen["windows"] > 0, (seen, commands)  # the agent took the user's ids (the fast path ran)
-        assert seen["ptrace"] == seen["mem"] == seen["oom"] == 0, seen
+        assert seen["windows"] > 0, (seen, commands)  # a thread took the user's ids (the fast path ran)
+        assert seen["ptrace"] == seen["mem"] == seen["oom"] == seen["main"] == 0, seen
         agent = dict(line.split(":", 1) for line in (await s.exec("cat /proc/1/status")).stdout_text.splitlines() if ":" in line)
         before = dict(line.split(":", 1) for line in agent_before.splitlines() if ":" in line)
         assert agent["Uid"].split() == ["0"] * 4 and agent["Cpus_allowed_list"] == before["Cpus_allowed_list"], agent
-        nice = int((await s.exec("cat /proc/1/stat")).stdout_text.rsplit(")", 1)[1].split()[16])
         sandbox = node.sessions.get(s.id).sandbox  # type: ignore[union-attr]
         worn = sandbox is not None and sandbox.reuses >= 3  # max_reuses: destroyed whatever the reset finds
         await s.close()
-        # A nice value or policy root without CAP_SYS_NICE cannot undo: that sandbox is destroyed.
-        failures = node.pools["recycled"].stats().recycle_failures_total
         async with client.session("recycled", acquire_timeout=60) as s2:
-            reused = await _container(s2) == container
-            tainted = nice != 0 or seen["idle"] > 0
-            assert reused == (not tainted and not worn), (seen, nice, reused, worn)
-            if tainted:
-                assert node.pools["recycled"].stats().recycle_failures_total > failures
-            assert int((await s2.exec("cat /proc/1/stat")).stdout_text.rsplit(")", 1)[1].split()[16]) == 0
+            assert (await _container(s2) == container) == (not worn), (seen, worn)
+            # Every thread of the agent (the spawner that started this very command among them):
+            # nice 0, the default policy, the CPU set the agent started with.
+            script = "for t in /proc/1/task/*; do cat $t/stat; grep Cpus_allowed_list $t/status; done"
+            lines = (await s2.exec(script)).stdout_text.splitlines()
+            assert len(lines) >= 4, lines  # the main thread and the spawner
+            for stat, cpus in zip(lines[::2], lines[1::2], strict=True):
+                after_comm = stat.rsplit(")", 1)[1].split()
+                assert (after_comm[16], after_comm[38]) == ("0", "0"), (stat, seen)  # nice, policy
+                assert cpus.split(":", 1)[1] == before["Cpus_allowed_list"], (cpus, seen)
+
+
+async def test_an_episode_stopping_its_own_processes_never_freezes_the_agent(node: NodeDaemon) -> None:
+    """`kill -STOP -1` in a loop stops a command's process between its start and its exec (it is
+    the user's from its start): the agent's spawner thread waits, its main thread kills that
+    process and answers throughout; the sandbox is reset and serves the next episode."""
+    async with AsyncClient(node.address, timeout=60) as client:
+        s = await client.create_session("recycled", acquire_timeout=60)
+        container = await _container(s)
+        seen = await commands_through_a_stop_loop(s)
+        assert seen["commands"] > 0, seen
+        sandbox = node.sessions.get(s.id).sandbox  # type: ignore[union-attr]
+        worn = sandbox is not None and sandbox.reuses >= 3
+        failures = node.pools["recycled"].stats().recycle_failures_total
+        await s.close()
+        async with client.session("recycled", acquire_timeout=60) as s2:
+            assert (await _container(s2) == container) == (not worn), seen
+            assert node.pools["recycled"].stats().recycle_failures_total == failures
+            assert (await s2.exec("echo fresh")).stdout == b"fresh\n"

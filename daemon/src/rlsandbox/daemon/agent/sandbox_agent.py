@@ -16,7 +16,6 @@ The framing half of this file (``encode_frame``, ``FrameDecoder``) is imported b
 so both ends share one implementation.
 """
 
-import contextlib
 import errno
 import fcntl
 import json
@@ -27,6 +26,7 @@ import stat as stat_mod
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 PROTOCOL_VERSION = 1
@@ -256,18 +256,22 @@ WIPED = ("/tmp", "/dev/shm", "/dev/mqueue")
 RESET_KILL_WINDOW = 5.0  # seconds a reset may spend ending processes before it gives up
 
 
-# Root's ids and groups, and the scheduling the agent started with, once the agent found that it
-# may take the episode's user's ids itself around a spawn (_UserIds); empty otherwise.
+# Root's supplementary groups, once the agent found that its spawner thread may take the episode's
+# user's ids around a spawn (_Spawner.call as_user); empty otherwise.
 _ROOT = []
+_LIBC = []  # a _Libc, where ctypes, posix_spawn and the raw id syscalls are there
+_SPAWNER = []  # the _Spawner thread, once started (it starts at the first command)
+STUCK_SPAWN = 1.0  # seconds a spawn may wait for its child's exec before the agent looks at why
 
 
 def _allow_user_ids():
-    """Fill _ROOT where the agent may hold the episode's user's real and effective ids for a moment
-    (_UserIds): as PID 1 (whose signals from inside the sandbox need a handler to arrive at all),
-    as root, on a kernel whose fs.suid_dumpable (0 or 2) makes a process that changes its ids
-    undumpable for good (its /proc files stay root's). Checked once, at start; the first round
-    trip happens here, before any command of the user exists."""
-    if os.getpid() != 1 or not _OWNER or not hasattr(os, "setresuid") or not hasattr(os, "posix_spawn"):
+    """Fill _ROOT where the spawner thread may hold the episode's user's real and effective ids
+    for a moment: in PID 1 (whose signals from inside the sandbox need a handler to arrive at all),
+    as root, with the raw id syscalls (they change one thread's ids), on a kernel whose
+    fs.suid_dumpable (0 or 2) makes a process that changes its ids undumpable for good (its /proc
+    files stay root's). Checked once, at start; the first round trip happens here, before any
+    command of the user exists."""
+    if os.getpid() != 1 or not _OWNER or not _libc():
         return
     try:
         with open("/proc/sys/fs/suid_dumpable", "rb") as f:
@@ -275,68 +279,233 @@ def _allow_user_ids():
                 return
         if os.getresuid() != (0, 0, 0) or os.getresgid() != (0, 0, 0):
             return
-        _ROOT.append(
-            (
-                os.getgroups(),
-                os.getpriority(os.PRIO_PROCESS, 0),
-                os.sched_getscheduler(0),
-                os.sched_getparam(0),
-                os.sched_getaffinity(0),
-            )
-        )
-        with _UserIds():
-            pass
+        _ROOT.append(os.getgroups())
+        _spawner().call(lambda: None, True)
     except (OSError, AttributeError):
         del _ROOT[:]
 
 
-class _UserIds:
-    """The episode's user's real and effective ids on the agent itself, around one posix_spawn or
-    kill(-1): a command as the user without a fork of the agent, which costs ~1.2 ms of CPU per
-    command (2.3 ms against 1.1 ms, measured in the python-task image).
+def _libc():
+    """The _Libc, or None where it cannot load (no ctypes, another libc or machine)."""
+    if not _LIBC:
+        try:
+            _LIBC.append(_Libc())
+        except Exception:  # ImportError, OSError, AttributeError, KeyError: whatever is missing
+            _LIBC.append(None)
+    return _LIBC[0]
 
+
+class _Libc(object):
+    """posix_spawn(p) and the raw setgroups/setresgid/setresuid syscalls through ctypes.
+
+    A ctypes call lets go of the GIL, where ``os.posix_spawn`` holds it until the child has exec'd
+    (so no other thread of the agent could run meanwhile); the raw syscalls change the ids of the
+    calling thread only, where glibc's (``os.setresuid``) change every thread's."""
+
+    SYSCALLS = {"x86_64": (116, 119, 117), "aarch64": (159, 149, 147)}  # setgroups, setresgid, setresuid
+    SETSIGDEF, SETSIGMASK, SETSID = 0x04, 0x08, 0x80  # glibc's and musl's POSIX_SPAWN_* flags
+
+    def __init__(self):
+        import ctypes
+
+        self.ct = ctypes
+        self.nr = self.SYSCALLS[os.uname().machine]
+        self.c = ctypes.CDLL(None, use_errno=True)
+        # Opaque glibc/musl structures, given room to spare: 336, 80 and 128 bytes on x86-64 glibc.
+        self.attr = ctypes.create_string_buffer(1024)
+        empty, default = ctypes.create_string_buffer(256), ctypes.create_string_buffer(256)
+        for sigset in (empty, default):
+            self._check(self.c.sigemptyset(sigset) and ctypes.get_errno())
+        for sig in _SIGDEF:
+            self._check(self.c.sigaddset(default, sig) and ctypes.get_errno())
+        self._check(self.c.posix_spawnattr_init(self.attr))
+        flags = ctypes.c_short(self.SETSID | self.SETSIGDEF | self.SETSIGMASK)
+        self._check(self.c.posix_spawnattr_setflags(self.attr, flags))
+        self._check(self.c.posix_spawnattr_setsigmask(self.attr, empty))  # not the spawner's (all blocked)
+        self._check(self.c.posix_spawnattr_setsigdefault(self.attr, default))
+        self.c.posix_spawnp  # noqa: B018 - AttributeError here where the libc has none
+
+    @staticmethod
+    def _check(err, what=None):
+        if err:
+            raise OSError(err, os.strerror(err), what)
+
+    def ids(self, uid, gid, groups=()):
+        """The calling thread's ids: real and effective uid and gid, the saved ones root's, groups."""
+        ct = self.ct
+        setgroups, setresgid, setresuid = self.nr
+        array = (ct.c_uint * max(len(groups), 1))(*groups)
+        calls = [
+            (setgroups, ct.c_long(len(groups)), array),
+            (setresgid, ct.c_long(gid), ct.c_long(gid), ct.c_long(0)),
+            (setresuid, ct.c_long(uid), ct.c_long(uid), ct.c_long(0)),
+        ]
+        if uid == 0:
+            calls.reverse()  # root's uid first: only root may set the rest
+        for call in calls:
+            if self.c.syscall(ct.c_long(call[0]), *call[1:]) != 0:
+                self._check(ct.get_errno())
+
+    def spawn(self, program, argv, env, dup2, search):
+        """posix_spawn(p) in a session of its own, with signals default and unblocked: the pid."""
+        ct = self.ct
+        args = [os.fsencode(a) for a in argv]
+        pairs = []
+        for key, value in env.items():
+            key, value = os.fsencode(key), os.fsencode(value)
+            if not key or b"=" in key:
+                raise ValueError("illegal environment variable name %r" % key)
+            pairs.append(key + b"=" + value)
+        path = os.fsencode(program)
+        if any(b"\0" in a for a in args + pairs + [path]):
+            raise ValueError("embedded null byte")
+        actions = ct.create_string_buffer(1024)
+        self._check(self.c.posix_spawn_file_actions_init(actions))
+        try:
+            for fd, target in dup2:
+                self._check(self.c.posix_spawn_file_actions_adddup2(actions, fd, target))
+            pid = ct.c_int()
+            c_argv = (ct.c_char_p * (len(args) + 1))(*args)
+            c_env = (ct.c_char_p * (len(pairs) + 1))(*pairs)
+            call = self.c.posix_spawnp if search else self.c.posix_spawn
+            self._check(call(ct.byref(pid), path, actions, self.attr, c_argv, c_env), program)
+            return pid.value
+        finally:
+            self.c.posix_spawn_file_actions_destroy(actions)
+
+
+def _spawner():
+    if not _SPAWNER:
+        if sys.version_info < (3, 12) and hasattr(subprocess, "_USE_VFORK"):
+            # 3.11's Popen holds the GIL in a vfork (as root): the main thread could not watch it.
+            subprocess._USE_VFORK = False
+        _SPAWNER.append(_Spawner())
+    return _SPAWNER[0]
+
+
+class _Spawner(object):
+    """The thread that starts the commands, so that the agent never waits inside a spawn itself.
+
+    Between its start and its exec a command's process is already the episode's (the user's, or
+    root in a pool whose episodes are root), so the episode's processes may stop it (`kill -STOP
+    -1` in a loop), and whatever started it waits for that exec (a vfork; Popen's error pipe).
+    The agent's main thread hands each spawn to this thread and waits for it at most STUCK_SPAWN
+    at a time; past that it kills the spawn's child if it is stopped: the spawn returns, the
+    command ends with SIGKILL, and the agent answers throughout.
+
+    As the user (``call(fn, as_user=True)``, where _allow_user_ids allowed it) this thread takes
+    the user's real and effective ids itself, with the raw syscalls: the main thread stays root.
     The saved ids stay root's: nothing of the user's may trace the agent, read its memory or open
-    its /proc files (undumpable since _allow_user_ids), and the agent takes root back at once.
-    For that moment the user's processes may signal it and change its scheduling: SIGTERM and
-    SIGINT have no handler meanwhile (PID 1 drops a signal without one sent from inside its
-    namespace; a `docker stop` then takes its grace period), and a nice value, policy or CPU set
-    found changed after is put back, or, where root without CAP_SYS_NICE cannot, the sandbox is
-    marked so that its next reset fails (it is destroyed, never handed out again)."""
+    its /proc files (undumpable since _allow_user_ids), and the thread takes root back at once.
+    For that moment the user's processes may signal the agent through this thread's id (a signal
+    to a thread's id goes to the whole process): SIGTERM and SIGINT have no handler meanwhile
+    (PID 1 drops a signal without one sent from inside its namespace; a `docker stop` then takes
+    its grace period), every signal is blocked in this thread; and they may change this thread's
+    scheduling (nice, policy, CPU set are a thread's own): a thread found changed retires, and the
+    next spawn starts a new one, which inherits the main thread's untouched scheduling."""
 
-    tainted = ""
-
-    def __enter__(self):
-        self.handlers = (signal.signal(signal.SIGTERM, signal.SIG_DFL), signal.signal(signal.SIGINT, signal.SIG_DFL))
-        uid, gid = _OWNER[0]
+    def __init__(self):
+        self.go = threading.Lock()
+        self.go.acquire()
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.job = self.result = None
+        self.retired = False
+        self.tid = None
+        self.started = threading.Event()
+        thread = threading.Thread(target=self._serve, name="spawner")
+        thread.daemon = True
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         try:
-            os.setgroups([])
-            os.setresgid(gid, gid, 0)
-            os.setresuid(uid, uid, 0)
-        except BaseException:
-            self.__exit__(None, None, None)
+            thread.start()  # with every signal blocked: the main thread takes them all
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        self.started.wait()
+
+    def call(self, fn, as_user=False):
+        """fn() on this thread (as the episode's user: as_user); its result, or its exception."""
+        self.job = (fn, as_user)
+        since = _boot_ticks() - 1
+        handlers = None
+        if as_user:
+            handlers = (signal.signal(signal.SIGTERM, signal.SIG_DFL), signal.signal(signal.SIGINT, signal.SIG_DFL))
+        try:
+            self.go.release()
+            while not self.done.acquire(True, STUCK_SPAWN):
+                self._end_stopped(since)
+        except BaseException:  # a signal handler's exception: this thread is left to its call
+            self.retired = True
+            del _SPAWNER[:]
             raise
-        return self
+        finally:
+            if handlers:
+                signal.signal(signal.SIGTERM, handlers[0])
+                signal.signal(signal.SIGINT, handlers[1])
+        result, self.result = self.result, None
+        if self.retired:
+            del _SPAWNER[:]
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
-    def __exit__(self, kind, value, tb):
-        groups, nice, policy, param, cpus = _ROOT[0]
+    def _end_stopped(self, since):
+        """SIGKILL this thread's child of the current call if it is stopped (before its exec)."""
         try:
-            os.setresuid(0, 0, 0)
-            os.setresgid(0, 0, 0)
-            os.setgroups(groups)
-        except BaseException:
-            os._exit(70)  # never go on as anyone but root
-        signal.signal(signal.SIGTERM, self.handlers[0])
-        signal.signal(signal.SIGINT, self.handlers[1])
+            with open("/proc/self/task/%d/children" % self.tid, "rb") as f:
+                pids = f.read().split()
+        except OSError:  # no children files in this kernel: every process, by its parent below
+            pids = [name for name in os.listdir(b"/proc") if name.isdigit()]
+        me = os.getpid()
+        for pid in pids:
+            try:
+                with open(b"/proc/%s/stat" % pid, "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                # state, parent, start time (clock ticks since boot): a child of this call
+                if fields[0] in (b"T", b"t") and int(fields[1]) == me and int(fields[19]) >= since:
+                    os.kill(int(pid), signal.SIGKILL)
+            except (OSError, IndexError, ValueError):
+                continue
+
+    def _serve(self):
+        self.tid = threading.get_native_id() if hasattr(threading, "get_native_id") else None
+        scheduling = _scheduling()
+        self.started.set()
+        while True:
+            self.go.acquire()
+            fn, as_user = self.job
+            try:
+                self.result = self._as_user(fn, scheduling) if as_user else fn()
+            except BaseException as e:
+                self.result = e
+            self.done.release()
+            if self.retired:
+                return
+
+    def _as_user(self, fn, scheduling):
+        uid, gid = _OWNER[0]
+        _LIBC[0].ids(uid, gid)
         try:
-            if os.sched_getaffinity(0) != cpus:
-                os.sched_setaffinity(0, cpus)
-            if os.getpriority(os.PRIO_PROCESS, 0) != nice:
-                os.setpriority(os.PRIO_PROCESS, 0, nice)
-            if os.sched_getscheduler(0) != policy:
-                os.sched_setscheduler(0, policy, param)
-        except OSError as e:
-            _UserIds.tainted = "the episode changed the agent's scheduling and it cannot be undone: %s" % e
-        return False
+            return fn()
+        finally:
+            try:
+                _LIBC[0].ids(0, 0, _ROOT[0])
+            except BaseException:
+                os._exit(70)  # never go on as anyone but root
+            if _scheduling() != scheduling:
+                self.retired = True  # the episode changed it: the next spawn gets a new thread
+
+
+def _scheduling():
+    """The calling thread's nice value, policy and CPU set."""
+    return (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), os.sched_getaffinity(0))
+
+
+def _boot_ticks():
+    """Now in /proc/PID/stat's start-time unit (clock ticks since boot); 0 where unknown."""
+    try:
+        return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+    except (AttributeError, OSError, ValueError):
+        return 0
 
 
 def _demote():
@@ -353,17 +522,19 @@ _SIGDEF = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ", "SIGXFZ") if 
 def _spawn(argv, env, cwd, with_stdin, root=False):
     """Start a command in a session of its own with pipes for its output (and input).
 
-    ``os.posix_spawn`` (glibc and musl spawn with a vfork-style clone) costs the agent about half
-    of what ``subprocess.Popen`` does per command, which searches PATH and prepares its arguments
-    in Python (measured with /tmp/agentbench-style runs; docs/BENCHMARKS.md). Like Popen: signals
-    the agent ignores (SIGPIPE) are default again in the child, no other descriptor leaks into it
-    (Python opens every one close-on-exec), OSError when the program or ``cwd`` is missing.
+    posix_spawn (glibc and musl spawn with a vfork-style clone) costs the agent about half of what
+    ``subprocess.Popen`` does per command, and a third of Popen's fork where the command changes
+    the user (docs/BENCHMARKS.md). Like Popen: signals the agent ignores (SIGPIPE) are default
+    again in the child, no other descriptor leaks into it (Python opens every one close-on-exec),
+    OSError when the program or ``cwd`` is missing. The spawn itself runs on the _Spawner thread,
+    which the agent's main thread watches for a child stopped before its exec.
     """
     as_user = bool(_OWNER) and not root
-    # posix_spawn cannot change the user: the agent takes the user's ids around it (_UserIds),
+    libc = _libc()
+    # posix_spawn cannot change the user: the spawner thread takes the user's ids around it,
     # where it may; elsewhere the user's commands are forked and change the user in the child.
-    if not hasattr(os, "posix_spawn") or (as_user and not _ROOT):
-        return _popen(argv, env, cwd, with_stdin)
+    if libc is None or (as_user and not _ROOT):
+        return _spawner().call(lambda: _popen(argv, env, cwd, with_stdin, root))
     if not _DEVNULL:
         _DEVNULL.append(os.open(os.devnull, os.O_RDWR | getattr(os, "O_CLOEXEC", 0)))
     program = argv[0]
@@ -380,32 +551,25 @@ def _spawn(argv, env, cwd, with_stdin, root=False):
         if with_stdin:
             in_r, in_w = os.pipe()
             fds += [in_r, in_w]
-        actions = [
-            (os.POSIX_SPAWN_DUP2, in_r if with_stdin else _DEVNULL[0], 0),
-            (os.POSIX_SPAWN_DUP2, out_w, 1),
-            (os.POSIX_SPAWN_DUP2, err_w, 2),
-        ]
+        dup2 = ((in_r if with_stdin else _DEVNULL[0], 0), (out_w, 1), (err_w, 2))
         if not _HOME:
             _HOME.append(os.getcwd())
         home = _HOME[0] if cwd and cwd != _HOME[0] else None  # usually the workdir: no chdir at all
         if home is not None:
-            os.chdir(cwd)  # the child starts where the agent is; the agent is single-threaded
+            os.chdir(cwd)  # the child starts where the agent is; the main thread waits meanwhile
         try:
-            spawn = os.posix_spawnp if search else os.posix_spawn
             if env is None:
                 if not _ENVIRON:  # a plain dict: os.environ decodes every entry on each iteration
                     _ENVIRON.append(dict(os.environb))
                 env = _ENVIRON[0]
-            # As the user: the child is the user's from its start and execs with these ids; PATH
-            # is searched with them (os.access checks the real ids), from the command's folder.
-            with _UserIds() if as_user else contextlib.nullcontext():
-                if which:
-                    program = _which(program, env["PATH"])
-                pid = spawn(program, argv, env, file_actions=actions, setsid=True, setsigdef=_SIGDEF)
-        except NotImplementedError:  # no POSIX_SPAWN_SETSID in this libc
-            for fd in fds:
-                os.close(fd)
-            return _popen(argv, env, cwd, with_stdin, root)
+
+            def start():
+                # As the user: the child is the user's from its start and execs with these ids;
+                # PATH is searched with them (os.access checks the real ids), from the command's folder.
+                path = _which(program, env["PATH"]) if which else program
+                return libc.spawn(path, argv, env, dup2, search)
+
+            pid = _spawner().call(start, as_user)
         finally:
             if home is not None:
                 os.chdir(home)
@@ -563,15 +727,8 @@ class _Shell(object):
         self.current = None
         self.bufs = {1: bytearray(), 2: bytearray()}
         self.alive = True
-        self.proc = subprocess.Popen(
-            [agent.bash_path, "--noprofile", "--norc"] if agent.bash_path else [agent.shell_path],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-            preexec_fn=_demote if _OWNER else None,
-        )
+        argv = [agent.bash_path, "--noprofile", "--norc"] if agent.bash_path else [agent.shell_path]
+        self.proc = _spawn(argv, None, None, True)
         self.pid = self.proc.pid
         _set_nonblocking(self.proc.stdin.fileno())
         agent.watch(self.proc.stdout.fileno(), self, 1)
@@ -1149,8 +1306,6 @@ class Agent(object):
         os.chown(_BASELINE[1], uid, gid, follow_symlinks=False)
         checks.append("wiped")
         # 4. Nothing else changed, nothing else is writable.
-        if _UserIds.tainted:
-            return {"ok": False, "why": _UserIds.tainted, "checks": checks}
         if mounts.get("/", (True, ""))[0]:
             return {"ok": False, "why": "the root filesystem is writable: only a read-only root can be reset", "checks": checks}
         if _mountinfo() != _BASELINE[0]:
@@ -1797,7 +1952,12 @@ def _mounts():
 
 
 def _as_user(action):
-    """Run ``action`` in a child that is the episode's user, and wait for it."""
+    """Run ``action`` in a child that is the episode's user, and wait for it (on the spawner
+    thread, which the main thread watches: the episode's processes may stop that child)."""
+    _spawner().call(lambda: _fork_as_user(action))
+
+
+def _fork_as_user(action):
     pid = os.fork()
     if pid == 0:
         try:
@@ -1817,16 +1977,19 @@ def _as_user(action):
 
 def _kill_user():
     """SIGKILL every process of the episode's user in one call: kill(-1) as that user reaches
-    exactly the processes it may signal, all at once (never PID 1: the agent itself, which may
-    take the user's ids for it; otherwise a child of it that is the user sends it)."""
+    exactly the processes it may signal, all at once (never PID 1: the agent itself, whose
+    spawner thread takes the user's ids for it; otherwise a child of it that is the user sends it)."""
     if not _ROOT:
         _as_user(lambda: os.kill(-1, signal.SIGKILL))
         return
-    with _UserIds():
+
+    def kill():
         try:
             os.kill(-1, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+    _spawner().call(kill, True)
 
 
 def _remove_ipc():
