@@ -9,6 +9,7 @@ import resource
 import tarfile
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -16,12 +17,16 @@ from helpers import commands_through_a_stop_loop, daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, AsyncSession, NotFoundError, SandboxAbortedError
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.errors import ArchiveCutShort
+from rlsandbox.daemon.grading.task import Task, load_tasks
 from rlsandbox.daemon.runtime.container import KEPT_CAPABILITIES
 from rlsandbox.daemon.runtime.docker import LABEL_SESSION
 from rlsandbox.daemon.server import NodeDaemon
+from rlsandbox.integrations import tools
 
 # linux/capability.h
 CAPABILITY_NUMBERS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5, "SETGID": 6, "SETUID": 7}
+
+TEXTKIT = Path(__file__).resolve().parent.parent / "fixtures" / "tasks" / "py-textkit" / "task.yaml"
 
 pytestmark = pytest.mark.docker
 
@@ -121,10 +126,12 @@ async def test_sandbox_killed_mid_command_is_aborted_with_the_reason(node: NodeD
     sandbox = node.sessions.get(s.id).sandbox
     assert sandbox is not None
     await node.runtime.docker.containers.container(sandbox.container_id).kill()  # an OOM kill, a node hiccup
-    with pytest.raises(SandboxAbortedError, match="died"):
+    with pytest.raises(SandboxAbortedError, match="died") as died:
         await running
-    with pytest.raises(NotFoundError, match="died"):
+    assert died.value.fault == ""  # killed from outside: the node's trouble, not the episode's
+    with pytest.raises(NotFoundError, match="died") as gone:
         await hc.get_session(s.id)  # the session ended, and says why
+    assert gone.value.fault == ""
     await assert_node_healthy(node, hc)
 
 
@@ -137,6 +144,35 @@ async def test_sandbox_oom_killed_as_a_whole_is_aborted_and_told_apart(node: Nod
         await s.exec("sleep 20", stdin=b"x" * 60_000_000, timeout=30)
     with pytest.raises(NotFoundError, match="out of memory"):
         await hc.get_session(s.id)
+    await assert_node_healthy(node, hc)
+
+
+@pytest.mark.parametrize("first", ["grade", "step"])
+async def test_a_sandbox_its_episode_killed_scores_reward_0_never_an_infra_error(
+    node: NodeDaemon, hc: AsyncClient, first: str
+) -> None:
+    """The episode fills /dev/shm past its sandbox's memory (48 MB): the kernel OOM-kills the
+    sandbox whole. That is the episode's doing: every call on the session says so (the `fault`
+    field, trailing metadata rlsandbox-fault), and its grade is reward 0 with the cause as its
+    limit, status ok: never an infra error, which a trainer masks (dying would pay better than
+    failing). The same whether the grade or a step is the first to meet the death."""
+    textkit = load_tasks(TEXTKIT)[0]
+    task = Task(textkit.spec.model_copy(update={"pool": "tiny"}), textkit.workspace_tar)
+    s = await hc.create_session(task=task)
+    filler = "(sleep 0.3; head -c 60000000 /dev/zero > /dev/shm/fill) > /dev/null 2>&1 &"
+    assert (await s.exec(filler)).exit_code == 0
+    await asyncio.sleep(3)
+    if first == "step":
+        with pytest.raises((SandboxAbortedError, NotFoundError)) as died:
+            await s.exec("true")
+        assert "out of memory" in died.value.fault and "do not mask" in died.value.message, died.value
+    grade = await s.grade()
+    assert grade.status == "ok" and grade.reward == 0.0 and not grade.resolved, grade
+    assert len(grade.limits) == 1 and "out of memory" in grade.limits[0] and "48 MB" in grade.limits[0], grade.limits
+    with pytest.raises(NotFoundError) as gone:
+        await s.exec("true")
+    assert gone.value.fault == grade.limits[0]
+    assert await tools.alost(s, gone.value) == grade  # what the adapters use: the node's grade again
     await assert_node_healthy(node, hc)
 
 

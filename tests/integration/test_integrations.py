@@ -30,7 +30,10 @@ FIX = "def multiply(a, b):\n    return a * b\n"
 
 @pytest.fixture(scope="module")
 async def node(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
-    pools = [PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=12)]
+    pools = [
+        PoolConfig(name="python", image="rlsandbox/python-task:latest", min_ready=2, max_total=12),
+        PoolConfig(name="small", image="rlsandbox/python-task:latest", min_ready=0, max_total=2, memory_mb=48),
+    ]
     async with running_daemon(daemon_config(pools=pools)) as daemon:
         yield daemon
 
@@ -135,6 +138,34 @@ async def test_gymnasium_masks_an_infra_error_instead_of_scoring_it(node: NodeDa
     finally:
         await asyncio.to_thread(env.close)
     assert reward == 0.0 and terminated and "infra_error" in step_info, step_info
+    no_sessions_left(node)
+
+
+@pytest.mark.parametrize("noticed", [False, True], ids=["step-meets-the-death", "session-already-ended"])
+async def test_gymnasium_scores_a_sandbox_its_episode_killed_instead_of_masking_it(
+    node: NodeDaemon, task: Task, noticed: bool
+) -> None:
+    """The episode fills /dev/shm past its sandbox's memory (48 MB) and the kernel OOM-kills the
+    sandbox whole: the episode's doing. The step ends the episode graded, reward 0 with the cause
+    as its limit, and no infra_error (masking it would make dying pay better than failing)."""
+    from rlsandbox.integrations.gymnasium import SandboxEnv
+
+    small = Task(task.spec.model_copy(update={"pool": "small"}), task.workspace_tar)
+    env = SandboxEnv(node.address, tasks=[small])
+    fill = "head -c 60000000 /dev/zero > /dev/shm/fill"
+    try:
+        _, info = await asyncio.to_thread(env.reset, seed=1)
+        if noticed:
+            await asyncio.to_thread(env.step, f"(sleep 0.3; {fill}) > /dev/null 2>&1 &")
+            for _ in range(100):
+                if info["session_id"] not in node.sessions.sessions:
+                    break
+                await asyncio.sleep(0.1)
+        _, reward, terminated, truncated, step_info = await asyncio.to_thread(env.step, "true" if noticed else fill)
+    finally:
+        await asyncio.to_thread(env.close)
+    assert reward == 0.0 and terminated and not truncated and "infra_error" not in step_info, step_info
+    assert step_info["status"] == "ok" and "out of memory" in step_info["grade"].limits[0], step_info
     no_sessions_left(node)
 
 

@@ -150,12 +150,15 @@ async def test_a_sandbox_dying_under_a_step_ends_its_session_with_the_engines_re
 
     m, pool = manager(FakePool(run=dies))
     s = await m.create(SessionOptions(pool="default"))
-    with pytest.raises(SandboxDied, match="OOM-killed at its memory limit; start a new session"):
+    # Out of memory at the sandbox's own limit: the episode's doing, said as such (never masked).
+    with pytest.raises(SandboxDied, match=r"OOM-killed at its memory limit; the episode's own doing: .*; start a new") as died:
         await m.exec(s.id, shell("true"), seq=1)
+    assert died.value.fields["fault"] == "the sandbox died of the episode's own doing: OOM-killed at its memory limit"
     assert s.state is SessionState.FAILED and not m.sessions
     assert pool.released == [("default-1", "sandbox died: OOM-killed at its memory limit")] and pool.reused == [False]
-    with pytest.raises(NotFound, match="sandbox died: OOM-killed"):
+    with pytest.raises(NotFound, match="sandbox died: OOM-killed") as gone:
         m.get(s.id)
+    assert gone.value.fields["fault"] == died.value.fields["fault"]
 
 
 async def test_reaper_closes_idle_sessions_but_never_a_busy_one() -> None:

@@ -16,15 +16,19 @@ class SandboxRPCError(Exception):
         code: the gRPC status code.
         message: the daemon's message (it says what to do).
         retryable: whether repeating the same call later may succeed.
+        fault: set when the session's sandbox died of its episode's own doing (its processes used
+            up its memory): not an infra error, never to be masked; ``grade()`` of that session
+            scores it reward 0 with this as its limit.
     """
 
     retryable = False
 
-    def __init__(self, code: grpc.StatusCode, message: str, retry_after: float | None = None) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, retry_after: float | None = None, fault: str = "") -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
         self.retry_after = retry_after
+        self.fault = fault
 
 
 class InvalidArgumentError(SandboxRPCError):
@@ -52,7 +56,8 @@ class UnavailableError(SandboxRPCError):
 
 
 class SandboxAbortedError(SandboxRPCError):
-    """The sandbox died (killed, OOM); retry the episode with a new session."""
+    """The sandbox died (killed, OOM); retry the episode with a new session, unless ``fault`` is
+    set: the episode killed it itself, and ``grade()`` scores it reward 0 (never mask that)."""
 
 
 class DeadlineExceededError(SandboxRPCError):
@@ -85,8 +90,8 @@ _BY_CODE: dict[grpc.StatusCode, type[SandboxRPCError]] = {
 }
 
 
-def error_for(code: grpc.StatusCode, message: str, retry_after: float | None = None) -> SandboxRPCError:
-    return _BY_CODE.get(code, InternalError)(code, message, retry_after)
+def error_for(code: grpc.StatusCode, message: str, retry_after: float | None = None, fault: str = "") -> SandboxRPCError:
+    return _BY_CODE.get(code, InternalError)(code, message, retry_after, fault)
 
 
 _TLS_HINTS = (
@@ -144,6 +149,7 @@ def from_rpc_error(error: grpc.RpcError, target: str = "", tls: bool | None = No
     if security is not None:
         return TransportSecurityError(code, security)
     retry_after = None
+    fault = ""
     trailing: Any = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None  # type: ignore[attr-defined]
     for key, value in trailing or ():
         if key == "retry-after":
@@ -151,7 +157,9 @@ def from_rpc_error(error: grpc.RpcError, target: str = "", tls: bool | None = No
                 retry_after = float(value)
             except ValueError:
                 pass
-    return error_for(code, details or "", retry_after)
+        elif key == "rlsandbox-fault":
+            fault = str(value)
+    return error_for(code, details or "", retry_after, fault)
 
 
 def error_from_name(name: str, message: str) -> SandboxRPCError:

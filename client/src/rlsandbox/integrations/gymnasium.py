@@ -14,6 +14,8 @@ The reward is 0.0 until ``submit`` grades the session in a clean room (``termina
 ``max_steps`` the episode is ``truncated`` and graded too, so a trainer has the reward either way.
 An infrastructure failure (the grade's ``infra_error``, or the sandbox lost) is not a reward: the
 step returns 0.0 with ``info["infra_error"]`` set, which a trainer must mask (drop the sample).
+A sandbox the episode killed itself (out of memory at its limit) is the episode's doing: the step
+ends the episode graded, reward 0, the cause in ``info["grade"].limits``.
 Registered as ``rlsandbox/Sandbox-v0``: ``gymnasium.make("rlsandbox/Sandbox-v0", target=..., tasks=...)``.
 """
 
@@ -100,9 +102,12 @@ class SandboxEnv(gymnasium.Env):  # type: ignore[type-arg]
                 truncated = True
                 obs = tools.Observation(obs.text + f"\n[step limit {self.max_steps} reached: graded]", grade=self.session.grade())
         except SandboxRPCError as e:  # the node's (the policy's own are observations): not the policy's score
-            info["infra_error"] = e.message
-            self._end()
-            return f"the sandbox was lost: {e.message}", 0.0, True, False, info
+            lost = tools.lost(self.session, e)  # ... unless the episode killed its sandbox: reward 0
+            if lost is None:
+                info["infra_error"] = e.message
+                self._end()
+                return f"the sandbox was lost: {e.message}", 0.0, True, False, info
+            obs = tools.Observation(f"the sandbox was lost: {e.message}", grade=lost)
         if obs.grade is None:
             info["exit_code"] = obs.exit_code
             return obs.text, 0.0, False, truncated, info

@@ -52,9 +52,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
-from rlsandbox.client import AsyncClient, AsyncSession, GradeResult
+from rlsandbox.client import AsyncClient, AsyncSession, GradeResult, SandboxRPCError
 from rlsandbox.client import ExecResult as _RawResult
-from rlsandbox.integrations import transfer
+from rlsandbox.integrations import tools, transfer
 from rlsandbox.integrations.harbor_tasks import dockerfile_workdir, harbor_image, harbor_task_id, task_name
 from rlsandbox.integrations.tools import grade_record, outcome, session_options, task_from_file
 
@@ -264,7 +264,13 @@ class RlsandboxEnvironment(_Base):  # type: ignore[misc,valid-type]
 
     async def _step(self, argv: List[str], **options: Any) -> _RawResult:
         self._seq += 1
-        return await self.session.exec(argv, seq=self._seq, **options)
+        try:
+            return await self.session.exec(argv, seq=self._seq, **options)
+        except SandboxRPCError as e:
+            died = tools.died(e)  # the episode killed its sandbox: a failed command, graded 0 later
+            if died is None:
+                raise
+            return died
 
     async def _checked(self, argv: List[str], what: str, **options: Any) -> _RawResult:
         result = await self._step(argv, **options)

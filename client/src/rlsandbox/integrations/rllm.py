@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
-from rlsandbox.client import Client, ExecResult, GradeResult, Session
-from rlsandbox.integrations import transfer
+from rlsandbox.client import Client, ExecResult, GradeResult, SandboxRPCError, Session
+from rlsandbox.integrations import tools, transfer
 from rlsandbox.integrations.tools import session_options, task_from_file
 
 
@@ -87,7 +87,13 @@ class RlsandboxSandbox:
         if user not in (None, "", "root"):
             argv = ["runuser", "-u", str(user), "--", *argv]
         self._seq += 1
-        result = self._open().exec(argv, timeout=float(timeout or 0), seq=self._seq, **options)
+        try:
+            result = self._open().exec(argv, timeout=float(timeout or 0), seq=self._seq, **options)
+        except SandboxRPCError as e:
+            died = tools.died(e)  # the episode killed its sandbox: a failed command, graded 0 later
+            if died is None:
+                raise
+            result = died
         if not result.ok:
             if result.timed_out:
                 status = "timed out"

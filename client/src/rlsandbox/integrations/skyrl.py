@@ -12,7 +12,8 @@ the blocking client is used).
 An action is the model's text: a tool call in tags (``<bash>...</bash>``, ``<view path="..."/>``,
 ``<submit/>``), or a JSON tool call (rlsandbox.integrations.tools). Text without a tool call is
 answered with how to make one. The reward is the clean-room grade at ``<submit/>`` or at
-``max_turns``; an infra error is ``metadata["infra_error"]`` with reward 0.0: drop that sample.
+``max_turns``; an infra error is ``metadata["infra_error"]`` with reward 0.0: drop that sample. A
+sandbox the episode killed itself (out of memory) is graded reward 0 instead, never masked.
 """
 
 from __future__ import annotations
@@ -86,9 +87,12 @@ class RlsandboxTextEnv(BaseTextEnv):  # type: ignore[misc]
             if obs.grade is None and self.turns >= self.max_turns and self.task is not None:
                 obs = tools.Observation(obs.text + f"\n[turn limit {self.max_turns} reached: graded]", grade=self.session.grade())
         except SandboxRPCError as e:  # the node's (the policy's own are observations): not the policy's score
-            metadata["infra_error"] = e.message
-            self._end()
-            return BaseTextEnvStepOutput(observations=[], reward=0.0, done=True, metadata=metadata)
+            lost = tools.lost(self.session, e)  # ... unless the episode killed its sandbox: reward 0
+            if lost is None:
+                metadata["infra_error"] = e.message
+                self._end()
+                return BaseTextEnvStepOutput(observations=[], reward=0.0, done=True, metadata=metadata)
+            obs = tools.Observation(f"the sandbox was lost: {e.message}", grade=lost)
         done = obs.grade is not None or self.turns >= self.max_turns
         reward = 0.0
         if obs.grade is not None:

@@ -40,7 +40,8 @@ import shlex
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Union
 
-from rlsandbox.client import AsyncClient, AsyncSession, GradeResult
+from rlsandbox.client import AsyncClient, AsyncSession, GradeResult, SandboxRPCError
+from rlsandbox.integrations import tools
 from rlsandbox.integrations.tools import ExecOutcome, outcome, session_options
 
 FileContent = Union[str, bytes, Path]
@@ -109,9 +110,15 @@ class RlsandboxSandbox:
         # number, so a retried call is never run twice, whether the command could be or not.
         session = self._open()
         self._seq += 1
-        result = await session.exec(
-            _as_user(["bash", "-c", cmd], user), env=dict(env or {}), timeout=float(timeout), seq=self._seq
-        )
+        try:
+            result = await session.exec(
+                _as_user(["bash", "-c", cmd], user), env=dict(env or {}), timeout=float(timeout), seq=self._seq
+            )
+        except SandboxRPCError as e:
+            died = tools.died(e)  # the episode killed its sandbox: a failed command, graded 0 later
+            if died is None:
+                raise
+            result = died
         code, out, err = outcome(result)
         if check and code != 0:
             raise RuntimeError(f"rlsandbox exec failed (exit={code}): {cmd[:120]}\n{err[-400:]}")

@@ -8,8 +8,11 @@ A call is a dict ``{"tool": "edit", "path": ..., "old": ..., "new": ...}`` or a 
 bash command). As text (what a model writes), a JSON object with a ``tool`` key is a call, any
 other text a bash command.
 
-Also shared: :func:`grade_record` (a grade as plain data) and :func:`task_from_file` (a task of an
-importer's JSONL, by id).
+Also shared: :func:`grade_record` (a grade as plain data), :func:`task_from_file` (a task of an
+importer's JSONL, by id), and what a call that failed because the episode killed its own sandbox
+(``SandboxRPCError.fault``) is instead of an infra error: :func:`lost` (the episode's grade,
+reward 0) and :func:`died` (a command's result, as a container backend shows an OOM-killed
+container). Dying must not pay better than failing: a masked sample would.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Generator, Optional, Tuple, Union
 
-from rlsandbox.client import AsyncSession, ExecResult, GradeResult, InvalidArgumentError, Session
+from rlsandbox.client import AsyncSession, ExecResult, GradeResult, InvalidArgumentError, SandboxRPCError, Session
 
 ToolCall = Union[str, Dict[str, Any]]
 MAX_VIEW = 400  # lines a view shows at most
@@ -36,6 +39,48 @@ class Observation:
     @property
     def submitted(self) -> bool:
         return self.grade is not None
+
+
+def died(error: SandboxRPCError) -> Optional[ExecResult]:
+    """A command's result for a call that failed because the sandbox died of the episode's own
+    doing (``error.fault``): killed (SIGKILL, exit 137 in a shell), the fault on stderr, as a
+    container backend shows a command of an OOM-killed container. None when the failure is the
+    node's: raise it."""
+    if not error.fault:
+        return None
+    why = f"{error.fault}\n".encode()
+    return ExecResult(None, 9, False, b"", why, 0, len(why), False, False, 0.0)
+
+
+def lost(session: Session, error: SandboxRPCError) -> Optional[GradeResult]:
+    """The episode's grade when a call failed because its sandbox died of the episode's own doing
+    (``error.fault``): the node's (reward 0, the fault its limit; it is in the run's rewards), or
+    the same made here where the node cannot grade (a session without a task). None when the
+    failure is the node's: mask that sample."""
+    if not error.fault:
+        return None
+    try:
+        return session.grade()
+    except SandboxRPCError:
+        return _zero(session, error.fault)
+
+
+async def alost(session: AsyncSession, error: SandboxRPCError) -> Optional[GradeResult]:
+    """``lost`` over an async session."""
+    if not error.fault:
+        return None
+    try:
+        return await session.grade()
+    except SandboxRPCError:
+        return _zero(session, error.fault)
+
+
+def _zero(session: Union[Session, AsyncSession], fault: str) -> GradeResult:
+    return GradeResult(
+        status="ok", reward=0.0, resolved=False, message=f"reward 0: {fault}", tests=[], counts={}, exit_code=None,
+        timed_out=False, report_complete=False, tampering=[], log=b"", duration=0.0, mode="", task_id=session.info.task_id,
+        session_id=session.id, limits=[fault],
+    )  # fmt: skip
 
 
 def parse(call: ToolCall) -> Dict[str, Any]:

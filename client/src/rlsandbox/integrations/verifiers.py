@@ -165,6 +165,8 @@ class RlsandboxEnv(vf.StatefulToolEnv):
         try:
             return (await tools.arun(session, call, timeout=self.command_timeout, seq=seq)).text
         except SandboxRPCError as e:  # the sandbox was lost or the node refused: not the policy's doing
+            if e.fault:  # ... unless the episode killed its sandbox: graded at cleanup, reward 0
+                return f"the sandbox was lost: {e.message}"
             raise vf.SandboxError(f"rlsandbox: {e}") from e
 
     # -- a rollout's session ------------------------------------------------------------------

@@ -24,6 +24,7 @@ step reward of 0.0 and metrics. The model's ``submit`` grades the session in a c
 session (unless the model submitted; a trajectory that never called the tool gets the grade of the
 untouched task), sets the output's ``reward_score`` (verl then computes no reward of its own),
 puts the grade in ``extra_fields["rlsandbox"]`` and closes the session, also when the loop fails.
+A sandbox the episode killed itself (out of memory at its limit) is graded reward 0, never masked.
 An infra error (the node's fault, not the policy's) gives reward 0.0, ``extra_fields["rlsandbox"]
 ["infra_error"]`` and a response mask of zeros: the sample's tokens train nothing. With verl's
 plain ``tool_agent`` loop the tool works the same, but only ``submit`` ends a session; others end
@@ -164,12 +165,16 @@ class SandboxTool(_Base):  # type: ignore[misc,valid-type]
         if trajectory.grade is not None:
             return ToolResponse(text="already submitted: the sandbox is graded"), 0.0, {"submitted": True}
         call = {**parameters, "tool": parameters.get("action", parameters.get("tool", ""))}
+        session = None
         try:
             session = await self._session(key, trajectory, create_kwargs)
             obs = await tools.arun(session, call)
         except SandboxRPCError as e:  # the node's (the policy's own are observations): mask the trajectory
-            trajectory.infra_error = self.infra_error[key] = e.message
-            return ToolResponse(text=f"the sandbox was lost: {e.message}"), 0.0, {"infra_error": True}
+            lost = await tools.alost(session, e) if session is not None else None
+            if lost is None:
+                trajectory.infra_error = self.infra_error[key] = e.message
+                return ToolResponse(text=f"the sandbox was lost: {e.message}"), 0.0, {"infra_error": True}
+            obs = tools.Observation(f"the sandbox was lost: {e.message}", grade=lost)  # the episode killed it: reward 0
         if obs.grade is not None:  # submitted: graded, and the sandbox is done with
             trajectory.grade = obs.grade
             await self._close(trajectory)

@@ -44,6 +44,7 @@ from rlsandbox.daemon.grading.rewards import (
     TestGroup,
     cap_log,
     compute_reward,
+    episodes_mess,
     grade_tests,
     parse_command_reward,
 )
@@ -157,11 +158,11 @@ class Grader:
                     agent, ws, self.max_workspace_bytes, fresh=False, timeout=self.agent_read_timeout
                 )
         except FileTooLarge:
-            return _agents_mess(f"the workspace {ws} is over the grading limit of {self.max_workspace_bytes >> 20} MiB")
+            return episodes_mess(f"the workspace {ws} is over the grading limit of {self.max_workspace_bytes >> 20} MiB")
         except ReadTimedOut as e:
-            return _agents_mess(f"the workspace is too slow to read: {e.message}")
+            return episodes_mess(f"the workspace is too slow to read: {e.message}")
         except ArchiveCutShort as e:
-            return _agents_mess(f"the workspace cannot be read whole: {e.message}")
+            return episodes_mess(f"the workspace cannot be read whole: {e.message}")
         prepared = rooms() if rooms is not None else None
         with tracing.span("grade.room", **{"rlsandbox.prefetched": prepared is not None}):
             room = prepared or await pool.acquire(self.acquire_timeout, warm=True)
@@ -183,7 +184,7 @@ class Grader:
                 with tracing.span("grade.plan"):
                     planned = await asyncio.to_thread(plan_room, task, facts, base_archive, agent_archive)
             except AgentsMess as e:
-                result = _agents_mess(e.message)
+                result = episodes_mess(e.message)
                 result.tampering = e.discarded
                 return result
             changes, mine, patch_targets = planned.changes, planned.mine, planned.patch_targets
@@ -426,10 +427,6 @@ class Grader:
             return data
         except (SandboxError, IsADirectoryError):
             return b""
-
-
-def _agents_mess(why: str) -> GradeResult:
-    return GradeResult(GradeStatus.OK, 0.0, f"reward 0: {why}", limits=[why])
 
 
 def _disagreements(output: TestReport, guard: TestReport) -> list[str]:

@@ -72,6 +72,13 @@ class GradeResult:
         return out
 
 
+def episodes_mess(why: str) -> GradeResult:
+    """The grade of an episode that broke a limit (a workspace too large to grade, a sandbox its
+    own processes killed): reward 0 with status ok and the limit named, never infra_error, so a
+    policy cannot hide a failure by making a mess."""
+    return GradeResult(GradeStatus.OK, 0.0, f"reward 0: {why}", limits=[why])
+
+
 def grade_tests(evaluation: EvaluationSpec, report: TestReport) -> list[GradedTest]:
     """Every listed test with its outcome (missing ones included), then the report's other tests."""
     f2p = set(evaluation.fail_to_pass)

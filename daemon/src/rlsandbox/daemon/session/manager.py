@@ -24,7 +24,7 @@ from rlsandbox.daemon.agent.socket_transport import Drop
 from rlsandbox.daemon.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, SandboxDied, Unavailable
 from rlsandbox.daemon.events.publisher import EventPublisher
 from rlsandbox.daemon.grading.grader import Grader
-from rlsandbox.daemon.grading.rewards import GradeResult
+from rlsandbox.daemon.grading.rewards import GradeResult, episodes_mess
 from rlsandbox.daemon.grading.task import Task
 from rlsandbox.daemon.journal import SessionJournal
 from rlsandbox.daemon.metrics import Metrics
@@ -40,6 +40,8 @@ from rlsandbox.daemon.session.state import ENDED, Session, SessionOptions, Sessi
 log = logging.getLogger(__name__)
 
 TOMBSTONES = 100_000
+# Told with a sandbox that died of its episode's own doing (out of memory at its limit).
+FAULT_NOTE = "; the episode's own doing: Evaluate scores it reward 0, do not mask it as an infra error"
 MAX_FORK = 64  # forks of one call
 BIG_STDIN = 1 << 20  # bytes: hashing more than this for step dedup happens off the event loop
 
@@ -115,14 +117,17 @@ class SessionManager:
         if session.options.idempotency_key:
             self._by_key[session.options.idempotency_key] = session.id
 
-    def _bury(self, session: Session, reason: str) -> None:
+    def _bury(self, session: Session, reason: str, fault: str = "") -> None:
         session.end_reason = reason
         self.sessions.pop(session.id, None)
-        self.bury_entry(session.id, reason, session.options.idempotency_key)
+        self.bury_entry(session.id, reason, session.options.idempotency_key, fault=fault, session=session if fault else None)
 
-    def bury_entry(self, session_id: str, reason: str, idempotency_key: str = "") -> None:
-        """A tombstone for an ended session: later calls learn when and why it ended."""
-        self._tombstones[session_id] = Tombstone(session_id, time.time(), reason, idempotency_key)
+    def bury_entry(
+        self, session_id: str, reason: str, idempotency_key: str = "", *, fault: str = "", session: Session | None = None
+    ) -> None:
+        """A tombstone for an ended session: later calls learn when and why it ended (and, for a
+        sandbox its own episode killed, grading scores it)."""
+        self._tombstones[session_id] = Tombstone(session_id, time.time(), reason, idempotency_key, fault, session)
         if idempotency_key:
             self._by_key[idempotency_key] = session_id
         while len(self._tombstones) > TOMBSTONES:
@@ -137,7 +142,9 @@ class SessionManager:
         tomb = self._tombstones.get(session_id)
         if tomb is not None:
             ago = time.time() - tomb.ended_at
-            raise NotFound(f"session {session_id} not found (ended {ago:.0f} s ago: {tomb.reason})", session_id=session_id)
+            why = f"{tomb.reason}{FAULT_NOTE if tomb.fault else ''}"
+            fault = {"fault": tomb.fault} if tomb.fault else {}
+            raise NotFound(f"session {session_id} not found (ended {ago:.0f} s ago: {why})", session_id=session_id, **fault)
         if not session_id:
             raise InvalidArgument("session_id is empty")
         raise NotFound(f"session {session_id} not found on node {self.node_id}", session_id=session_id)
@@ -147,7 +154,7 @@ class SessionManager:
         """A READY session and its sandbox, counted in flight for the idle reaper. ``changes``:
         the operation may change the sandbox (only reads and clean-room grades may not)."""
         session = self.get(session_id)
-        sandbox = session.require_ready()
+        sandbox = await self._ready(session)
         if changes:
             session.pristine = False
         session.touch()
@@ -329,20 +336,42 @@ class SessionManager:
         return True
 
     async def _fail(self, session: Session, detail: str) -> str:
-        """End a session whose sandbox died; returns the reason it now carries (from the engine)."""
-        if session.state is not SessionState.READY:
-            return f"sandbox of session {session.id} died: {session.end_reason or detail}"
+        """End a session whose sandbox died; returns the reason it now carries (from the engine),
+        once the engine told it: callers at once (the reaper, a step, a grade) learn the same."""
+        if session.death is None:
+            if session.state is not SessionState.READY:
+                return f"sandbox of session {session.id} died: {session.end_reason or detail}"
+            session.death = asyncio.ensure_future(self._die(session, detail))
+        return await asyncio.shield(session.death)
+
+    def _died(self, session: Session, reason: str) -> SandboxDied:
+        """The error a call on a session whose sandbox died gets: the fault field (trailing metadata
+        rlsandbox-fault) when the episode killed it, which a trainer must not mask."""
+        tomb = self._tombstones.get(session.id)
+        fault = {"fault": tomb.fault} if tomb is not None and tomb.fault else {}
+        return SandboxDied(f"the {reason}; start a new session", session_id=session.id, **fault)
+
+    async def _die(self, session: Session, detail: str) -> str:
         session.transition(SessionState.FAILED)
         self.recorder.forget(session.id)
         self._bury(session, f"sandbox died: {detail}")  # until the engine says more
         cause, oom = await session.pool.death_cause(session.sandbox) if session.sandbox is not None else (detail, False)
-        self._bury(session, f"sandbox died: {cause}")
+        # Out of memory at the sandbox's own limit: its processes used it up, the episode's doing.
+        fault = f"the sandbox died of the episode's own doing: {cause}" if oom else ""
+        self._bury(session, f"sandbox died: {cause}", fault)
         self.recorder.died(session, cause, detail, oom)
         if self.metrics is not None:
             self.metrics.sandbox_deaths.labels(session.pool.name, "oom_killed" if oom else "died").inc()
         if session.sandbox is not None:
             session.pool.release(session.sandbox, f"sandbox died: {cause}")
-        return f"sandbox of session {session.id} died: {cause}"
+        return f"sandbox of session {session.id} died: {cause}{FAULT_NOTE if fault else ''}"
+
+    async def _ready(self, session: Session) -> Sandbox:
+        """The session's sandbox; a sandbox found dead ends the session first (the engine says why)."""
+        sandbox = session.sandbox
+        if session.state is SessionState.READY and sandbox is not None and not sandbox.alive:
+            raise self._died(session, await self._fail(session, sandbox.channel.closed_reason or "its channel closed"))
+        return session.require_ready()
 
     # -- operations on a live session -----------------------------------------------------------
     async def exec(
@@ -381,8 +410,7 @@ class SessionManager:
         try:
             return await sandbox.exec(req, on_chunk)
         except SandboxDied as e:
-            reason = await self._fail(session, e.message)
-            raise SandboxDied(f"the {reason}; start a new session", session_id=session.id) from None
+            raise self._died(session, await self._fail(session, e.message)) from None
 
     async def write_files(self, session_id: str, files: Sequence[FileWrite], *, timeout: float) -> list[FileWriteResult]:
         """Write files into a session's sandbox; a ``files`` event lists what was written, and the
@@ -400,26 +428,46 @@ class SessionManager:
     async def evaluate(
         self, session_id: str, task: Task | None, *, mode: str, timeout: float | None
     ) -> tuple[Session, Task, GradeResult]:
-        """Grade a session against ``task`` (default: the task it was started from)."""
+        """Grade a session against ``task`` (default: the task it was started from). A session whose
+        sandbox its own episode killed (tombstone.fault) scores reward 0 with that as its limit,
+        never an infra error a trainer would mask: dying must not pay better than failing."""
+        live = self.sessions.get(session_id)
+        if live is not None and live.state is SessionState.READY and live.sandbox is not None and not live.sandbox.alive:
+            await self._fail(live, live.sandbox.channel.closed_reason or "its channel closed")  # whose doing, first
+        tomb = self._tombstones.get(session_id)
+        if tomb is not None and tomb.session is not None:
+            session = tomb.session
+            task, _ = self._grading_task(session, task)
+            result = episodes_mess(tomb.fault)
+            result.mode = mode
+            self._graded(session, task, result)
+            return session, task, result
         session = self.get(session_id)
         session.require_ready()
-        task = task or session.options.task
-        if task is None:
-            raise FailedPrecondition(f"session {session_id} was not started from a task; pass the task to grade against")
-        if self.grader is None:
-            raise FailedPrecondition("this node has no grader")
-        if task.spec.pool_name != session.pool.name:
-            raise InvalidArgument(f"the task runs in pool {task.spec.pool_name!r}, the session is in {session.pool.name!r}")
+        task, grader = self._grading_task(session, task)
         rooms = None
         if task is session.options.task and session.options.task_ref:
             ref = session.options.task_ref
             rooms = lambda: self.prefetcher.take(ref, room=True)  # noqa: E731 - a clean room prepared ahead, if any
         async with self._busy(session_id, changes=mode == "in_place") as (_, sandbox):
-            result = await self.grader.grade(sandbox, task, mode=mode, timeout=timeout, rooms=rooms)
+            result = await grader.grade(sandbox, task, mode=mode, timeout=timeout, rooms=rooms)
+        self._graded(session, task, result)
+        return session, task, result
+
+    def _grading_task(self, session: Session, task: Task | None) -> tuple[Task, Grader]:
+        task = task or session.options.task
+        if task is None:
+            raise FailedPrecondition(f"session {session.id} was not started from a task; pass the task to grade against")
+        if self.grader is None:
+            raise FailedPrecondition("this node has no grader")
+        if task.spec.pool_name != session.pool.name:
+            raise InvalidArgument(f"the task runs in pool {task.spec.pool_name!r}, the session is in {session.pool.name!r}")
+        return task, self.grader
+
+    def _graded(self, session: Session, task: Task, result: GradeResult) -> None:
         self.recorder.graded(session, task.id, result)
         if self.metrics is not None:
             self.metrics.observe_grade(result.status.value, result.mode, result.duration, len(result.tampering))
-        return session, task, result
 
     # -- reaping and shutdown -------------------------------------------------------------------
     async def run_reaper(self) -> None:

@@ -103,6 +103,10 @@ class Tombstone:
     ended_at: float
     reason: str
     idempotency_key: str = ""
+    # Set when the sandbox died of the episode's own doing (its processes used up its memory):
+    # the ended session, which grading scores reward 0 with this as its limit.
+    fault: str = ""
+    session: Session | None = None
 
 
 class Session:
@@ -122,6 +126,9 @@ class Session:
         # what another new session of the same options would be, so a fork of it is one.
         self.pristine = False
         self.end_reason = ""
+        # Set by the first caller that found the sandbox dead: the engine's account of why (the
+        # reason told), which every other caller awaits (SessionManager._fail).
+        self.death: asyncio.Future[str] | None = None
         self.in_flight = 0
         # Event numbering, kept by the recorder (session/recorder.py).
         self.event_seq = 0  # events emitted for this session (numbered from 1, no holes)
