@@ -10,6 +10,7 @@ import os
 from collections.abc import AsyncIterator
 
 import pytest
+from helpers import STOP_LOOP
 from rlsandbox.daemon.agent.socket_transport import AgentListener, accept_agent
 from rlsandbox.daemon.errors import FailedPrecondition, SandboxDied
 from rlsandbox.daemon.model import AgentMode, ContainerSpec, ExecRequest, FileWrite
@@ -171,6 +172,17 @@ async def test_agent_under_gvisor(docker_runtime: DockerRuntime, images: dict[st
         walked = await docker_runtime.changes(sb.container_id, info=info)
         assert sorted(walked) == sorted(await docker_runtime.changes(sb.container_id))
         assert {("/srv/g/f", 1), ("/etc/issue", 2)} <= set(walked), walked
+        # An episode stopping its own processes (kill -STOP -1) never freezes the agent here either
+        # (its spawns and shells through the spawner thread, gVisor's /proc).
+        loop = ExecRequest(argv=("python3", "-c", STOP_LOOP), env={"SECONDS_": "4"}, timeout=30)
+        attacker = asyncio.ensure_future(sb.exec(loop))
+        commands = 0
+        while not attacker.done():
+            shell = f"s{commands}" if commands % 3 == 2 else None
+            await asyncio.wait_for(sb.exec(ExecRequest(shell="true", shell_session=shell, timeout=3)), 15)
+            commands += 1
+        assert (await attacker).exit_code == 0 and commands > 0
+        assert (await sb.exec(ExecRequest(shell="echo ok"))).stdout == b"ok\n"
     finally:
         await factory.destroy(sb)
 
