@@ -281,7 +281,7 @@ def _allow_user_ids():
             return
         _ROOT.append(os.getgroups())
         _spawner().call(lambda: None, True)
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, RuntimeError):  # RuntimeError: no thread could start
         del _ROOT[:]
 
 
@@ -451,7 +451,7 @@ class _Spawner(object):
     def _end_stopped(self, since):
         """SIGKILL this thread's child of the current call if it is stopped (before its exec)."""
         try:
-            with open("/proc/self/task/%d/children" % self.tid, "rb") as f:
+            with open("/proc/self/task/%d/children" % (self.tid or 0), "rb") as f:
                 pids = f.read().split()
         except OSError:  # no children files in this kernel: every process, by its parent below
             pids = [name for name in os.listdir(b"/proc") if name.isdigit()]
@@ -468,7 +468,10 @@ class _Spawner(object):
 
     def _serve(self):
         self.tid = threading.get_native_id() if hasattr(threading, "get_native_id") else None
-        scheduling = _scheduling()
+        try:
+            scheduling = _scheduling()
+        except OSError:
+            scheduling = None
         self.started.set()
         while True:
             self.go.acquire()
@@ -483,15 +486,19 @@ class _Spawner(object):
 
     def _as_user(self, fn, scheduling):
         uid, gid = _OWNER[0]
-        _LIBC[0].ids(uid, gid)
         try:
+            _LIBC[0].ids(uid, gid)  # inside: root's ids come back after a change that half failed too
             return fn()
         finally:
             try:
                 _LIBC[0].ids(0, 0, _ROOT[0])
             except BaseException:
                 os._exit(70)  # never go on as anyone but root
-            if _scheduling() != scheduling:
+            try:
+                changed = _scheduling() != scheduling
+            except OSError:
+                changed = True
+            if changed:
                 self.retired = True  # the episode changed it: the next spawn gets a new thread
 
 
