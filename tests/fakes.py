@@ -83,6 +83,7 @@ class FakePool:
         self.gate: asyncio.Event | None = None  # when set: acquire waits for it
         self.fail_acquire: Exception | None = None
         self.death = ("OOM-killed at its memory limit", True)
+        self.death_told: asyncio.Event | None = None  # when set: death_cause waits for it (a slow engine)
         self.adoptable: set[str] = set()
         self._n = 0
 
@@ -116,6 +117,8 @@ class FakePool:
         return sandbox
 
     async def death_cause(self, sandbox: Sandbox) -> tuple[str, bool]:
+        if self.death_told is not None:
+            await self.death_told.wait()
         return self.death
 
 

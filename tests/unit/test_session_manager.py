@@ -161,6 +161,32 @@ async def test_a_sandbox_dying_under_a_step_ends_its_session_with_the_engines_re
     assert gone.value.fields["fault"] == died.value.fields["fault"]
 
 
+async def test_calls_meeting_a_dying_sandbox_all_learn_whether_it_was_the_episodes_doing() -> None:
+    """While the engine is asked why a sandbox died (seconds, when it waits for the OOM event),
+    calls arriving meanwhile (a step, a file read, a session lookup, a grade's) wait for its
+    account: answered NOT_FOUND without the fault, a trainer would mask the episode's own doing."""
+    pool = FakePool()
+    pool.death_told = asyncio.Event()
+    m, _ = manager(pool)
+    s = await m.create(SessionOptions(pool="default"))
+    s.sandbox.channel.die("agent stream ended")  # type: ignore[union-attr]
+    first = asyncio.create_task(m.exec(s.id, shell("true")))
+    await asyncio.sleep(0.01)
+    assert s.state is SessionState.FAILED and not first.done()  # found dead; the engine not heard yet
+    later = [
+        asyncio.create_task(m.exec(s.id, shell("true"))),
+        asyncio.create_task(m.read_files(s.id, ["a"], max_bytes=10, timeout=1)),
+        asyncio.create_task(m.settled(s.id)),
+    ]
+    await asyncio.sleep(0.01)
+    assert not any(t.done() for t in later)
+    pool.death_told.set()
+    for task in [first, *later]:
+        with pytest.raises((SandboxDied, NotFound)) as ended:
+            await task
+        assert ended.value.fields["fault"] == "the sandbox died of the episode's own doing: OOM-killed at its memory limit"
+
+
 async def test_reaper_closes_idle_sessions_but_never_a_busy_one() -> None:
     gate = asyncio.Event()
 

@@ -67,7 +67,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         return convert.session(session, self.sessions.node_id)
 
     async def GetSession(self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext) -> pb.Session:
-        return convert.session(self.sessions.get(request.session_id), self.sessions.node_id)
+        return convert.session(await self.sessions.settled(request.session_id), self.sessions.node_id)
 
     async def ListSessions(self, request: pb.ListSessionsRequest, context: grpc.aio.ServicerContext) -> pb.ListSessionsResponse:
         found = self.sessions.list(dict(request.labels), request.pool)
@@ -123,7 +123,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         return pb.ExecBatchResponse(items=items)
 
     async def WriteFiles(self, request: pb.WriteFilesRequest, context: grpc.aio.ServicerContext) -> pb.WriteFilesResponse:
-        session = self.sessions.get(request.session_id)
+        session = await self.sessions.settled(request.session_id)
         files = convert.file_writes(request, session.workdir)
         results = await self.sessions.write_files(session.id, files, timeout=_budget(context, 120.0))
         failed = [r for r in results if r.error]
@@ -134,7 +134,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         return pb.WriteFilesResponse()
 
     async def ReadFiles(self, request: pb.ReadFilesRequest, context: grpc.aio.ServicerContext) -> pb.ReadFilesResponse:
-        session = self.sessions.get(request.session_id)
+        session = await self.sessions.settled(request.session_id)
         paths, max_bytes = convert.read_paths(request, self.config, session.workdir)
         reads = await self.sessions.read_files(session.id, paths, max_bytes=max_bytes, timeout=_budget(context, 120.0))
         return pb.ReadFilesResponse(

@@ -117,10 +117,13 @@ class SessionManager:
         if session.options.idempotency_key:
             self._by_key[session.options.idempotency_key] = session.id
 
-    def _bury(self, session: Session, reason: str, fault: str = "") -> None:
+    def _bury(self, session: Session, reason: str, fault: str = "", *, dying: bool = False) -> None:
+        """``dying``: the engine has not told why yet; the tombstone keeps the session meanwhile,
+        so that calls wait for its account (``settled``)."""
         session.end_reason = reason
         self.sessions.pop(session.id, None)
-        self.bury_entry(session.id, reason, session.options.idempotency_key, fault=fault, session=session if fault else None)
+        keep = session if fault or dying else None
+        self.bury_entry(session.id, reason, session.options.idempotency_key, fault=fault, session=keep)
 
     def bury_entry(
         self, session_id: str, reason: str, idempotency_key: str = "", *, fault: str = "", session: Session | None = None
@@ -134,6 +137,16 @@ class SessionManager:
             _, old = self._tombstones.popitem(last=False)
             if old.idempotency_key and self._by_key.get(old.idempotency_key) == old.session_id:
                 del self._by_key[old.idempotency_key]
+
+    async def settled(self, session_id: str) -> Session:
+        """``get``, once the engine has told why the session's sandbox died if it is being found
+        dead this moment: a call then learns whether that was the episode's doing (its fault)."""
+        tomb = self._tombstones.get(session_id)
+        death = tomb.session.death if tomb is not None and tomb.session is not None else None
+        if death is not None and not death.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(death)
+        return self.get(session_id)
 
     def get(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)
@@ -153,7 +166,7 @@ class SessionManager:
     async def _busy(self, session_id: str, *, changes: bool = True) -> AsyncIterator[tuple[Session, Sandbox]]:
         """A READY session and its sandbox, counted in flight for the idle reaper. ``changes``:
         the operation may change the sandbox (only reads and clean-room grades may not)."""
-        session = self.get(session_id)
+        session = await self.settled(session_id)
         sandbox = await self._ready(session)
         if changes:
             session.pristine = False
@@ -354,7 +367,7 @@ class SessionManager:
     async def _die(self, session: Session, detail: str) -> str:
         session.transition(SessionState.FAILED)
         self.recorder.forget(session.id)
-        self._bury(session, f"sandbox died: {detail}")  # until the engine says more
+        self._bury(session, f"sandbox died: {detail}", dying=True)  # until the engine says more
         cause, oom = await session.pool.death_cause(session.sandbox) if session.sandbox is not None else (detail, False)
         # Out of memory at the sandbox's own limit: its processes used it up, the episode's doing.
         fault = f"the sandbox died of the episode's own doing: {cause}" if oom else ""
@@ -364,6 +377,9 @@ class SessionManager:
             self.metrics.sandbox_deaths.labels(session.pool.name, "oom_killed" if oom else "died").inc()
         if session.sandbox is not None:
             session.pool.release(session.sandbox, f"sandbox died: {cause}")
+        if fault:  # kept in its tombstone to be graded: without what it no longer needs
+            session.step_results.clear()
+            session.sandbox = None
         return f"sandbox of session {session.id} died: {cause}{FAULT_NOTE if fault else ''}"
 
     async def _ready(self, session: Session) -> Sandbox:
@@ -434,8 +450,10 @@ class SessionManager:
         live = self.sessions.get(session_id)
         if live is not None and live.state is SessionState.READY and live.sandbox is not None and not live.sandbox.alive:
             await self._fail(live, live.sandbox.channel.closed_reason or "its channel closed")  # whose doing, first
+        with contextlib.suppress(NotFound):
+            await self.settled(session_id)  # another caller is finding it dead: its account first
         tomb = self._tombstones.get(session_id)
-        if tomb is not None and tomb.session is not None:
+        if tomb is not None and tomb.session is not None and tomb.fault:
             session = tomb.session
             task, _ = self._grading_task(session, task)
             result = episodes_mess(tomb.fault)
