@@ -82,7 +82,7 @@ class FakePool:
         self.reused: list[bool] = []  # per release: whether the pool may recycle it
         self.gate: asyncio.Event | None = None  # when set: acquire waits for it
         self.fail_acquire: Exception | None = None
-        self.death = ("OOM-killed at its memory limit", True)
+        self.death = ("OOM-killed at its memory limit", "oom")
         self.death_told: asyncio.Event | None = None  # when set: death_cause waits for it (a slow engine)
         self.adoptable: set[str] = set()
         self._n = 0
@@ -116,7 +116,7 @@ class FakePool:
         self.leased.append(sandbox)
         return sandbox
 
-    async def death_cause(self, sandbox: Sandbox) -> tuple[str, bool]:
+    async def death_cause(self, sandbox: Sandbox) -> tuple[str, str]:
         if self.death_told is not None:
             await self.death_told.wait()
         return self.death

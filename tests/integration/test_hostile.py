@@ -299,3 +299,23 @@ async def test_an_episode_stopping_its_own_processes_never_freezes_the_agent(nod
         assert seen["commands"] > 0, seen
         assert (await hc.get_session(s.id)).state == "ready"
     await assert_node_healthy(node, hc)
+
+
+async def test_a_clean_room_the_episodes_code_fills_with_memory_grades_0_not_infra_error(
+    node: NodeDaemon, hc: AsyncClient
+) -> None:
+    """The agent's code fills /dev/shm past the sandbox's memory when the tests import it: in
+    the clean room. The kernel OOM-kills the largest process there (the test run, here) or the
+    room whole (its agent); either way the grade is the episode's 0, never an infra error a
+    trainer would mask (a room killed whole says so in limits; test_disk_guard.py pins that
+    path down with the disk guard's kill)."""
+    textkit = load_tasks(TEXTKIT)[0]
+    task = Task(textkit.spec.model_copy(update={"pool": "tiny"}), textkit.workspace_tar)
+    async with hc.session(task=task) as s:
+        core = (await s.read_files(["src/textkit/core.py"]))["src/textkit/core.py"].data.decode()
+        bomb = "import subprocess\nsubprocess.run('head -c 60000000 /dev/zero > /dev/shm/fill', shell=True)\n"
+        await s.write_files({"src/textkit/core.py": bomb + core})
+        grade = await s.grade()
+    assert grade.status == "ok" and grade.reward == 0.0 and not grade.resolved, (grade.status, grade.message)
+    assert all("the clean room died of the episode's code: out of memory" in why for why in grade.limits), grade.limits
+    await assert_node_healthy(node, hc)

@@ -36,6 +36,9 @@ class PoolConfig(BaseModel):
     cpus: float = Field(1.0, gt=0)
     pids: int = Field(1024, ge=16)
     nofile: int = Field(4096, ge=64)
+    # What a sandbox may write outside its tmpfs places (its writable layer) before the node's
+    # disk guard may end it when the engine's disk runs low (pool/disk.py); 0: no budget.
+    disk_mb: int = Field(10240, ge=0)
     network: bool = False
     read_only_root: bool = False
     workspace_mb: int = Field(0, ge=0)
@@ -70,7 +73,13 @@ class PoolConfig(BaseModel):
             name=self.name,
             container=ContainerSpec(
                 image=self.image,
-                limits=Limits(memory_bytes=self.memory_mb * MiB, cpus=self.cpus, pids=self.pids, nofile=self.nofile),
+                limits=Limits(
+                    memory_bytes=self.memory_mb * MiB,
+                    cpus=self.cpus,
+                    pids=self.pids,
+                    nofile=self.nofile,
+                    disk_bytes=self.disk_mb * MiB,
+                ),
                 runtime=self.runtime,
                 network=self.network,
                 env=dict(self.env),
@@ -140,6 +149,10 @@ class DaemonConfig(BaseModel):
     agent_host_dir: str = ""
     session_journal: str = "/var/lib/rlsandbox/sessions.sqlite3"
     max_sessions: int = Field(2000, ge=1)
+    # Free space on the engine's data-root below which the disk guard ends the sandboxes past
+    # their pool's disk_mb (pool/disk.py; 0: no guard), checked every disk_check_interval seconds.
+    disk_floor_mb: int = Field(8192, ge=0)
+    disk_check_interval: float = Field(2.0, gt=0)
     max_waiters_per_pool: int = Field(1024, ge=1)
     create_concurrency: int = Field(4, ge=1, le=64)
     default_idle_timeout: float = Field(600.0, gt=0)

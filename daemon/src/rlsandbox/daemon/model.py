@@ -58,6 +58,7 @@ class Limits:
     cpus: float = 1.0
     pids: int = 512
     nofile: int = 4096
+    disk_bytes: int = 0  # its writable layer's budget, enforced by the node's disk guard (0: none)
 
 
 @dataclass(frozen=True, slots=True)

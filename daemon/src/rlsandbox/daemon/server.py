@@ -41,6 +41,7 @@ from rlsandbox.daemon.logs import set_node_fields
 from rlsandbox.daemon.metrics import Metrics, serve
 from rlsandbox.daemon.pool import CreateLimiter, Reconciler, SandboxFactory, WarmPool
 from rlsandbox.daemon.pool.catalog import PoolCatalog, registry_auth
+from rlsandbox.daemon.pool.disk import DiskGuard
 from rlsandbox.daemon.pool.spec import PoolSpec
 from rlsandbox.daemon.process import raise_open_files_limit
 from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, DockerRuntime
@@ -133,6 +134,7 @@ class NodeDaemon:
             forker=Forker(self.runtime, max_bytes=config.max_fork_bytes),
         )
         self.reconciler = Reconciler(self.factory, interval=config.reconcile_interval)
+        self.disk_guard = DiskGuard(self.factory, floor_bytes=config.disk_floor_mb << 20, interval=config.disk_check_interval)
         self.health = HealthServicer()
         self.docker_ok = False
         self.serving = True
@@ -263,6 +265,7 @@ class NodeDaemon:
             if self.metrics is not None:
                 self.background.spawn(self.metrics.watch_loop(), "event-loop-lag")
             self.background.spawn(self.reconciler.run(), "reconciler")
+            self.background.spawn(self.disk_guard.run(), "disk-guard")
             self.background.spawn(self._watch_health(), "health")
             if self.events is not None and self.config.heartbeat_interval > 0:
                 self.background.spawn(self._heartbeats(self.events), "heartbeat")
@@ -454,6 +457,7 @@ class NodeDaemon:
         except TimeoutError:
             log.warning("shutdown: removing sandboxes took over %.0f s; the rest go at the next start", cleanup)
         self.reconciler.stop()
+        self.disk_guard.stop()
         self._stopped.set()
         stuck = await self.background.aclose()
         if stuck:

@@ -197,7 +197,15 @@ class Grader:
                 if planned.tar:  # nothing of the agent's has run in the room: its own tar extracts
                     await self.workspaces.put(room, ws, planned.tar, fresh=True)
             changed = [posixpath.join(ws, p) for p, e in changes.writes.items() if e.type == "file" and p not in patch_targets]
-            result = await self._evaluate(room, task, facts=facts, changed=changed, detected=planned.findings)
+            try:
+                result = await self._evaluate(room, task, facts=facts, changed=changed, detected=planned.findings)
+            except SandboxError:
+                # The episode's code killed the room (out of memory, or past its disk budget on a
+                # node whose disk ran low): a mess of its own, never an infra error to mask.
+                cause, whose = await pool.death_cause(room) if not room.alive else ("", "")
+                if not whose:
+                    raise
+                return episodes_mess(f"the clean room died of the episode's code: {cause}")
             result.tampering = changes.discarded + result.tampering
             if mine.skipped:
                 result.tampering.append(f"{len(mine.skipped)} device, fifo or socket file(s) not copied")

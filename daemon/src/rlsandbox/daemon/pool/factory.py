@@ -20,6 +20,7 @@ from rlsandbox.daemon.pool.spec import PoolSpec
 from rlsandbox.daemon.runtime.container import AGENT_SOCKET, container_config
 from rlsandbox.daemon.runtime.docker import (
     LABEL_CREATED,
+    LABEL_DISK,
     LABEL_INSTANCE,
     LABEL_MANAGED,
     LABEL_OWNER,
@@ -87,11 +88,13 @@ class SandboxFactory:
         self.live: dict[str, str | None] = {}
         # Containers whose removal failed or timed out: the reconciler retries them until gone.
         self.unremoved: dict[str, str] = {}
+        # Container id -> why the node ended it for its episode's doing (pool/disk.py), until asked.
+        self.faults: dict[str, str] = {}
         self.remove_failures_total = 0
         self._remove_slots = asyncio.Semaphore(remove_concurrency)
 
-    def labels(self, pool: str, session: str = "") -> dict[str, str]:
-        return {
+    def labels(self, pool: str, session: str = "", disk_bytes: int = 0) -> dict[str, str]:
+        labels = {
             LABEL_MANAGED: "1",
             LABEL_OWNER: self.runtime.owner,
             LABEL_INSTANCE: self.runtime.instance,
@@ -99,6 +102,9 @@ class SandboxFactory:
             LABEL_SESSION: session,
             LABEL_CREATED: str(int(time.time())),
         }
+        if disk_bytes:
+            labels[LABEL_DISK] = str(disk_bytes)
+        return labels
 
     async def create(self, spec: PoolSpec, *, session: str = "") -> Sandbox:
         """Create, start, connect to and set up one sandbox. Nothing is left behind on failure."""
@@ -120,7 +126,7 @@ class SandboxFactory:
                 listener = await AgentListener.open(socket_dir / AGENT_SOCKET)  # before the agent dials
             config = container_config(
                 cspec,
-                labels=self.labels(spec.name, session),
+                labels=self.labels(spec.name, session, spec.container.limits.disk_bytes),
                 use_agent=use_agent,
                 agent_path=self.agent_path,
                 socket_dir=socket_dir,
@@ -220,18 +226,23 @@ class SandboxFactory:
                     pool=spec.name,
                 )
 
-    async def death_cause(self, sandbox: Sandbox, wait: float = 2.0) -> tuple[str, bool]:
-        """Why a sandbox stopped answering, as the engine saw it: (what to tell the caller, OOM-killed).
+    async def death_cause(self, sandbox: Sandbox, wait: float = 2.0) -> tuple[str, str]:
+        """Why a sandbox stopped answering, as the engine saw it: (what to tell the caller, whose
+        doing: "oom" for an OOM kill at its memory limit, "disk" for the disk guard's kill, both the
+        episode's; "" for anything else, the node's).
 
         The agent's stream ends as its container exits, so the engine is given ``wait`` seconds
         to notice before the container counts as still running.
         """
+        fault = self.faults.pop(sandbox.container_id, None)
+        if fault is not None:
+            return fault, "disk"
         deadline = time.monotonic() + wait
         while True:
             try:
                 info = await self.runtime.inspect(sandbox.container_id, timeout=5.0)
             except SandboxError as e:
-                return f"its container is gone ({e.message})", False
+                return f"its container is gone ({e.message})", ""
             state = info.get("State") or {}
             if not state.get("Running") or time.monotonic() >= deadline:
                 break
@@ -248,12 +259,12 @@ class SandboxFactory:
             state = info.get("State") or {}
         if state.get("OOMKilled"):
             limit = (info.get("HostConfig") or {}).get("Memory") or 0
-            return f"out of memory: the kernel OOM-killed it at its memory limit of {limit >> 20} MB", True
+            return f"out of memory: the kernel OOM-killed it at its memory limit of {limit >> 20} MB", "oom"
         if state.get("Running"):
-            return "its agent stopped answering while its container still runs", False
+            return "its agent stopped answering while its container still runs", ""
         code = state.get("ExitCode")
         killed = " (SIGKILL from outside: docker kill, a node restart)" if code == 137 else ""
-        return f"its container exited with code {code}{killed}", False
+        return f"its container exited with code {code}{killed}", ""
 
     async def destroy(self, sandbox: Sandbox, reason: str = "released") -> None:
         await self._remove(sandbox.name, sandbox.container_id, sandbox.channel, reason)
@@ -273,6 +284,8 @@ class SandboxFactory:
             log.warning("could not remove sandbox %s (%s), will retry: %s", name, reason, e)
         finally:
             self.live.pop(name, None)
+            if cid:
+                self.faults.pop(cid, None)
             await self.remove_folder(name)
 
     def socket_folder(self, name: str) -> Path:

@@ -209,8 +209,8 @@ class WarmPool:
         self._wake.set()
         return sandbox
 
-    async def death_cause(self, sandbox: Sandbox) -> tuple[str, bool]:
-        """Why a sandbox of this pool died: (reason, OOM-killed); see :meth:`SandboxFactory.death_cause`."""
+    async def death_cause(self, sandbox: Sandbox) -> tuple[str, str]:
+        """Why a sandbox of this pool died: (reason, whose doing); see :meth:`SandboxFactory.death_cause`."""
         return await self._factory.death_cause(sandbox)
 
     async def adopt(self, entry: JournalEntry, state: str | None) -> Sandbox:

@@ -45,6 +45,7 @@ LABEL_INSTANCE = "rlsandbox.instance"
 LABEL_POOL = "rlsandbox.pool"
 LABEL_SESSION = "rlsandbox.session"
 LABEL_CREATED = "rlsandbox.created"
+LABEL_DISK = "rlsandbox.disk-bytes"  # the sandbox's budget for its writable layer (pool/disk.py)
 DEFAULT_SOCKET = "/var/run/docker.sock"
 
 # Engine API execs (the fallback for images without python3) running at once. Each one is a
@@ -115,6 +116,7 @@ class ContainerInfo:
     labels: Mapping[str, str]
     state: str
     created: float
+    size_rw: int = 0  # bytes of its writable layer (listed with size=True)
 
 
 class AttachTransport:
@@ -233,6 +235,11 @@ class DockerRuntime:
         async with self._call("version", timeout):
             return dict(await self.docker.version())
 
+    async def data_root(self, timeout: float = 5.0) -> str:
+        """The engine's data-root (where its containers' writable layers live)."""
+        async with self._call("info", timeout):
+            return str((await self.docker.system.info()).get("DockerRootDir") or "")
+
     # -- containers -----------------------------------------------------------------------------
     async def create_and_start(self, config: Mapping[str, Any], *, name: str, timeout: float | None = None) -> str:
         """Create and start a container; on a failed start the container is removed again."""
@@ -253,6 +260,19 @@ class DockerRuntime:
         async with self._call("container attach", timeout, container_id=container_id):
             await stream._init()  # connect now, so that failures show up here and not on first use
         return AttachTransport(stream)
+
+    async def kill(self, container_id: str, timeout: float | None = None) -> bool:
+        """SIGKILL a container's processes. False if it was not running (or gone)."""
+        try:
+            async with self._call("container kill", timeout, container_id=container_id):
+                await self.docker.containers.container(container_id).kill()
+        except ContainerNotFound:
+            return False
+        except DockerError as e:
+            if e.status == 409:  # not running
+                return False
+            raise
+        return True
 
     async def remove(self, container_id: str, timeout: float | None = None) -> bool:
         """Force-remove a container and its anonymous volumes. False if it was already gone."""
@@ -303,10 +323,14 @@ class DockerRuntime:
         raw = json.loads(b"".join(chunks) or b"[]")
         return [(str(c["Path"]), int(c["Kind"])) for c in raw or []]
 
-    async def list_containers(self, labels: Mapping[str, str], timeout: float | None = None) -> list[ContainerInfo]:
+    async def list_containers(
+        self, labels: Mapping[str, str], timeout: float | None = None, *, size: bool = False
+    ) -> list[ContainerInfo]:
+        """``size``: with each one's writable layer size (the engine walks every layer: costly)."""
         filters = json.dumps({"label": [f"{k}={v}" for k, v in labels.items()]})
+        params = {"all": "1", "filters": filters, **({"size": "1"} if size else {})}
         async with self._call("container list", timeout):
-            raw = await self.docker._query_json("containers/json", params={"all": "1", "filters": filters})
+            raw = await self.docker._query_json("containers/json", params=params)
         return [
             ContainerInfo(
                 id=c["Id"],
@@ -314,6 +338,7 @@ class DockerRuntime:
                 labels=c.get("Labels") or {},
                 state=c.get("State", ""),
                 created=float(c.get("Created", 0)),
+                size_rw=int(c.get("SizeRw") or 0),
             )
             for c in raw
         ]

@@ -368,13 +368,15 @@ class SessionManager:
         session.transition(SessionState.FAILED)
         self.recorder.forget(session.id)
         self._bury(session, f"sandbox died: {detail}", dying=True)  # until the engine says more
-        cause, oom = await session.pool.death_cause(session.sandbox) if session.sandbox is not None else (detail, False)
-        # Out of memory at the sandbox's own limit: its processes used it up, the episode's doing.
-        fault = f"the sandbox died of the episode's own doing: {cause}" if oom else ""
+        cause, whose = await session.pool.death_cause(session.sandbox) if session.sandbox is not None else (detail, "")
+        # Out of memory at the sandbox's own limit, or past its disk budget on a node whose disk ran
+        # low: its processes did it, the episode's doing.
+        fault = f"the sandbox died of the episode's own doing: {cause}" if whose else ""
         self._bury(session, f"sandbox died: {cause}", fault)
-        self.recorder.died(session, cause, detail, oom)
+        self.recorder.died(session, cause, detail, whose == "oom", disk=whose == "disk")
         if self.metrics is not None:
-            self.metrics.sandbox_deaths.labels(session.pool.name, "oom_killed" if oom else "died").inc()
+            kind = {"oom": "oom_killed", "disk": "disk_exceeded"}.get(whose, "died")
+            self.metrics.sandbox_deaths.labels(session.pool.name, kind).inc()
         if session.sandbox is not None:
             session.pool.release(session.sandbox, f"sandbox died: {cause}")
         if fault:  # kept in its tombstone to be graded: without what it no longer needs

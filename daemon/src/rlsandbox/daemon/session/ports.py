@@ -34,6 +34,6 @@ class SandboxPool(Protocol):
         state of its container, None when gone); SandboxDied saying why it cannot be."""
         ...
 
-    async def death_cause(self, sandbox: Sandbox) -> tuple[str, bool]:
-        """Why a leased sandbox died: (reason, OOM-killed)."""
+    async def death_cause(self, sandbox: Sandbox) -> tuple[str, str]:
+        """Why a leased sandbox died: (reason, "oom" or "disk" when the episode killed it, else "")."""
         ...
