@@ -319,3 +319,18 @@ async def test_a_clean_room_the_episodes_code_fills_with_memory_grades_0_not_inf
     assert grade.status == "ok" and grade.reward == 0.0 and not grade.resolved, (grade.status, grade.message)
     assert all("the clean room died of the episode's code: out of memory" in why for why in grade.limits), grade.limits
     await assert_node_healthy(node, hc)
+
+
+async def test_writing_to_the_agents_stdout_costs_the_host_disk_a_capped_log(node: NodeDaemon, hc: AsyncClient) -> None:
+    """A root episode can write to PID 1's stdout and stderr, which the engine logs on the host,
+    outside the writable layer (and 4x over, as JSON lines): 150 MB used to be 600 MB of the
+    node's disk. The log is capped at 1 MB; the agent and the session carry on."""
+    async with hc.session("python") as s:
+        for target in ("/proc/1/fd/1", "/proc/1/fd/2"):
+            assert (await s.exec(f"head -c 75000000 /dev/zero > {target}", timeout=120)).exit_code == 0
+        sandbox = node.sessions.get(s.id).sandbox
+        assert sandbox is not None
+        log_path = (await node.runtime.inspect(sandbox.container_id))["LogPath"]
+        kept = sum(p.stat().st_size for p in Path(log_path).parent.glob(Path(log_path).name + "*"))
+        assert 0 < kept <= 2 << 20, kept
+        assert (await s.exec("echo alive")).stdout == b"alive\n"

@@ -49,6 +49,10 @@ def container_config(
         "Runtime": spec.runtime,
         "ReadonlyRootfs": spec.read_only_root,
         "AutoRemove": False,
+        # What reaches PID 1's stdout and stderr (a root episode can write there; the attach
+        # transport's frames pass there) is logged by the engine on the host's disk, outside the
+        # writable layer: 1 MB at most, the tail kept for a look at a dead agent.
+        "LogConfig": {"Type": "json-file", "Config": {"max-size": "1m", "max-file": "1"}},
     }
     workspace_mb = spec.workspace_mb or (READ_ONLY_WORKSPACE_MB if spec.read_only_root else 0)
     if workspace_mb:
