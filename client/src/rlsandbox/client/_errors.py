@@ -17,7 +17,8 @@ class SandboxRPCError(Exception):
         message: the daemon's message (it says what to do).
         retryable: whether repeating the same call later may succeed.
         fault: set when the session's sandbox died of its episode's own doing (its processes used
-            up its memory): not an infra error, never to be masked; ``grade()`` of that session
+            up its memory, or wrote past its disk budget while the node's disk ran low): not an
+            infra error, never to be masked; ``grade()`` of that session
             scores it reward 0 with this as its limit.
     """
 

@@ -40,7 +40,8 @@ from rlsandbox.daemon.session.state import ENDED, Session, SessionOptions, Sessi
 log = logging.getLogger(__name__)
 
 TOMBSTONES = 100_000
-# Told with a sandbox that died of its episode's own doing (out of memory at its limit).
+# Told with a sandbox that died of its episode's own doing (out of memory at its limit, past its
+# disk budget while the node's disk ran low).
 FAULT_NOTE = "; the episode's own doing: Evaluate scores it reward 0, do not mask it as an infra error"
 MAX_FORK = 64  # forks of one call
 BIG_STDIN = 1 << 20  # bytes: hashing more than this for step dedup happens off the event loop
