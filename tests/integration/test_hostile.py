@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import resource
+import subprocess
 import tarfile
 import time
 from collections.abc import AsyncIterator
@@ -334,3 +335,28 @@ async def test_writing_to_the_agents_stdout_costs_the_host_disk_a_capped_log(nod
         kept = sum(p.stat().st_size for p in Path(log_path).parent.glob(Path(log_path).name + "*"))
         assert 0 < kept <= 2 << 20, kept
         assert (await s.exec("echo alive")).stdout == b"alive\n"
+
+
+async def test_an_images_declared_volume_is_memory_not_the_hosts_disk(images: dict[str, str], tmp_path: Path) -> None:
+    """An image's VOLUME would be an anonymous volume on the host's disk: outside the writable
+    layer (the disk guard never sees it) and writable under a read-only root (200 MB written
+    there stayed on the host's disk, the layer's size 0). It is a tmpfs volume bounded by the
+    sandbox's memory instead; the image's files there are not carried over (Docker mounts the
+    tmpfs over what it copied in)."""
+    image = "rlsandbox-test/declares-a-volume:latest"
+    (tmp_path / "Dockerfile").write_text(f"FROM {images['python']}\nRUN mkdir -p /data && echo seed > /data/seed\nVOLUME /data\n")
+    built = await asyncio.to_thread(subprocess.run, ["docker", "build", "-q", "-t", image, str(tmp_path)], capture_output=True)
+    assert built.returncode == 0, built.stderr.decode()
+    try:
+        pool = PoolConfig(name="vol", image=image, min_ready=0, max_total=1, memory_mb=128, read_only_root=True)
+        async with (
+            running_daemon(daemon_config(pools=[pool])) as node,
+            AsyncClient(node.address, timeout=60) as client,
+            client.session("vol", acquire_timeout=60) as s,
+        ):
+            seen = await s.exec("stat -f -c %T /data; df -k /data | tail -1; head -c 1000000 /dev/zero > /data/f")
+            lines = seen.stdout_text.split("\n")
+            assert seen.exit_code == 0 and lines[0] == "tmpfs", seen.stdout_text
+            assert int(lines[1].split()[1]) <= 128 * 1024, seen.stdout_text  # its size: the sandbox's memory
+    finally:
+        await asyncio.to_thread(subprocess.run, ["docker", "rmi", "-f", image], capture_output=True)

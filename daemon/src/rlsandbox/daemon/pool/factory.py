@@ -130,6 +130,7 @@ class SandboxFactory:
                 use_agent=use_agent,
                 agent_path=self.agent_path,
                 socket_dir=socket_dir,
+                image_volumes=await self.runtime.image_volumes(cspec.image),
             )
             cid = await self.runtime.create_and_start(config, name=name)
             self.live[name] = cid

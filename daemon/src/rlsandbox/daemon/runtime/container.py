@@ -5,7 +5,7 @@ Pure (no I/O): what a pool's spec means for the engine, in one place.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ def container_config(
     use_agent: bool,
     agent_path: Path | None,
     socket_dir: Path | None = None,
+    image_volumes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The create body of a sandbox: hardened (capabilities, no new privileges, limits, no
     network unless asked), and the agent mounted read-only (dialing out through ``socket_dir``,
@@ -63,6 +64,17 @@ def container_config(
         tmpfs = {"type": "tmpfs", "device": "tmpfs", "o": f"size={workspace_mb}m"}
         volume = {"DriverConfig": {"Name": "local", "Options": tmpfs}}
         host["Mounts"] = [{"Type": "volume", "Target": spec.workdir, "VolumeOptions": volume}]
+    # A folder the image declares a VOLUME would be an anonymous volume on the host's disk: outside
+    # the writable layer (the disk guard never sees it), writable under a read-only root. It is a
+    # tmpfs-backed volume instead (the image's files still copied in), bounded by the sandbox's
+    # memory like every other writable place.
+    memory_mb = max(lim.memory_bytes >> 20, 1)
+    for target in image_volumes:
+        if any(m["Target"] == target for m in host.get("Mounts", ())):
+            continue
+        options = {"type": "tmpfs", "device": "tmpfs", "o": f"size={memory_mb}m"}
+        mount = {"Type": "volume", "Target": target, "VolumeOptions": {"DriverConfig": {"Name": "local", "Options": options}}}
+        host.setdefault("Mounts", []).append(mount)
     if spec.read_only_root:
         host["Tmpfs"] = {"/tmp": f"rw,exec,size={READ_ONLY_TMP_MB}m"}
     env = {**SANDBOX_ENV, **({"HOME": "/tmp"} if spec.run_as else {}), **spec.env}

@@ -171,6 +171,7 @@ class DockerRuntime:
         self._connector: aiohttp.UnixConnector | None = None
         self._session: aiohttp.ClientSession | None = None
         self._python_images: dict[tuple[str, str], bool] = {}
+        self._image_volumes: dict[str, tuple[str, ...]] = {}
         self.images = EngineImages(self)
 
     async def __aenter__(self) -> DockerRuntime:
@@ -342,6 +343,14 @@ class DockerRuntime:
             )
             for c in raw
         ]
+
+    async def image_volumes(self, image: str, timeout: float | None = 30.0) -> tuple[str, ...]:
+        """The folders ``image`` declares as volumes (Dockerfile VOLUME). Asked once per image."""
+        if image not in self._image_volumes:
+            async with self._call("image inspect", timeout):
+                info = await self.docker.images.inspect(image)
+            self._image_volumes[image] = tuple(sorted((info.get("Config") or {}).get("Volumes") or {}))
+        return self._image_volumes[image]
 
     async def image_has_python(self, image: str, runtime: str = "runc") -> bool:
         """Whether ``image`` can run the agent (python3 >= 3.8). Probed once per image and runtime."""
