@@ -154,6 +154,8 @@ async def commands_through_a_stop_loop(session: Any, seconds: float = 5.0) -> di
             r = await session.exec("true", timeout=3, shell_session=shell)
             seen["commands"] += 1
             seen["ran" if r.exit_code == 0 else "timed_out" if r.timed_out else "killed"] += 1
+            if not shell and r.exit_code is None and not r.timed_out:  # killed before its exec: it says so
+                assert b"stopped before it could start" in r.stderr, r
     finally:
         await attacker
     for _ in range(3):

@@ -262,6 +262,7 @@ _ROOT = []
 _LIBC = []  # a _Libc, where ctypes, posix_spawn and the raw id syscalls are there
 _SPAWNER = []  # the _Spawner thread, once started (it starts at the first command)
 STUCK_SPAWN = 1.0  # seconds a spawn may wait for its child's exec before the agent looks at why
+_KILLED_BEFORE_EXEC = set()  # pids the agent killed stopped before their exec, until their command says so
 
 
 def _allow_user_ids():
@@ -463,6 +464,9 @@ class _Spawner(object):
                 # state, parent, start time (clock ticks since boot): a child of this call
                 if fields[0] in (b"T", b"t") and int(fields[1]) == me and int(fields[19]) >= since:
                     os.kill(int(pid), signal.SIGKILL)
+                    if len(_KILLED_BEFORE_EXEC) > 1000:  # never claimed (a shell's, a reset's): forget
+                        _KILLED_BEFORE_EXEC.clear()
+                    _KILLED_BEFORE_EXEC.add(int(pid))
             except (OSError, IndexError, ValueError):
                 continue
 
@@ -651,6 +655,9 @@ class _ProcessCommand(_Command):
             # commands run as another (their processes can neither signal nor trace it).
             self.proc = _spawn(argv, env, req.get("cwd") or None, bool(stdin), bool(req.get("root")))
         self.pid = self.proc.pid
+        if self.pid in _KILLED_BEFORE_EXEC:
+            _KILLED_BEFORE_EXEC.discard(self.pid)
+            self.on_output(2, b"rlsandbox: stopped before it could start (SIGSTOP from the sandbox's own processes): killed\n")
         self.exit_status = None
         self.exited_at = None
         self.open_pipes = 2
