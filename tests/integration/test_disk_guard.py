@@ -73,3 +73,18 @@ async def test_a_clean_room_the_episodes_code_fills_grades_0_not_infra_error(nod
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_empty_files_count_against_the_disk_budget(node: NodeDaemon) -> None:
+    """Files without a byte use up the host's inodes (500,000 empty files in 10 s here; the
+    engine's layer size says 0 for them): each file and folder counts 4 KiB of disk_mb, so 30,000
+    of them are past 64 MB and the sandbox is ended as its episode's doing."""
+    async with AsyncClient(node.address, timeout=120) as client:
+        s = await client.create_session("disk")
+        make = "import os\nos.makedirs('/root/m', exist_ok=True)\nfor i in range(30000): open('/root/m/%d' % i, 'w').close()"
+        with pytest.raises((SandboxAbortedError, NotFoundError)) as ended:
+            assert (await s.exec(["python3", "-c", make], timeout=60)).exit_code == 0
+            started = time.monotonic()
+            while time.monotonic() - started < 30:
+                await s.exec("sleep 0.2")
+        assert "files and folders" in ended.value.fault and "past its pool's disk_mb of 64 MB" in ended.value.fault, ended.value

@@ -18,14 +18,17 @@ import contextlib
 import logging
 import os
 import time
+from typing import Any
 
-from rlsandbox.daemon.errors import SandboxError
+from rlsandbox.daemon.errors import FileTooLarge, SandboxError
 from rlsandbox.daemon.pool.factory import SandboxFactory
 from rlsandbox.daemon.runtime.docker import LABEL_DISK, LABEL_MANAGED, LABEL_OWNER
 
 log = logging.getLogger(__name__)
 MiB = 1 << 20
 WARN_EVERY = 60.0  # seconds between warnings of a low disk that no sandbox is to blame for
+INODE_FLOOR = 0.05  # the data-root's inodes free, as a share, below which its disk counts as low
+FILE_COST = 4096  # bytes of a pool's disk_mb each file or folder in a sandbox's layer counts for
 
 
 class DiskGuard:
@@ -43,30 +46,47 @@ class DiskGuard:
         self.path = path
         self.killed_total = 0
         self._warned = 0.0
+        self._info: dict[str, dict[str, Any]] = {}  # container id -> its inspect (the layers' folders)
         self._stop = asyncio.Event()
 
-    def free(self) -> int | None:
-        """Free bytes on the data-root (for unprivileged writers), None when it cannot be read."""
+    def low(self) -> str | None:
+        """What is running low on the data-root ("N MB free", "N files free": its bytes, or its
+        inodes, which a sandbox's empty files use up without a byte to show), None when neither
+        is or it cannot be read."""
         try:
             st = os.statvfs(self.path)
         except OSError:
             return None
-        return st.f_bavail * st.f_frsize
+        free = st.f_bavail * st.f_frsize
+        if free < self.floor:
+            return f"{free // MiB} MB free"
+        if st.f_files and st.f_favail < st.f_files * INODE_FLOOR:
+            return f"{st.f_favail} files free"
+        return None
 
     async def check(self) -> list[str]:
         """One look; returns the names of the sandboxes it ended."""
-        free = self.free()
-        if free is None or free >= self.floor:
+        low = self.low()
+        if low is None:
             return []
         runtime = self._factory.runtime
         owned = await runtime.list_containers({LABEL_MANAGED: "1", LABEL_OWNER: runtime.owner}, timeout=60, size=True)
-        over = [c for c in owned if c.state == "running" and 0 < int(c.labels.get(LABEL_DISK) or 0) < c.size_rw]
+        live = {c.id for c in owned}
+        self._info = {cid: info for cid, info in self._info.items() if cid in live}
+        over = []
+        for c in owned:
+            budget = int(c.labels.get(LABEL_DISK) or 0)
+            if c.state != "running" or not budget:
+                continue
+            files = 0 if c.size_rw > budget else await self._files(c.id, budget)
+            if c.size_rw + files * FILE_COST > budget:
+                over.append((c.size_rw + files * FILE_COST, c, budget, files))
         killed = []
-        for c in sorted(over, key=lambda c: -c.size_rw):
-            budget = int(c.labels[LABEL_DISK])
+        for _, c, budget, files in sorted(over, key=lambda o: -o[0]):
+            kept = f"{c.size_rw // MiB} MB" + (f" in {files} files and folders (each counts {FILE_COST} bytes)" if files else "")
             why = (
-                f"the episode wrote {c.size_rw // MiB} MB to its sandbox's file system, past its pool's disk_mb of "
-                f"{budget // MiB} MB, while the node's disk ran low ({free // MiB} MB free)"
+                f"the episode kept {kept} in its sandbox's file system, past its pool's disk_mb of "
+                f"{budget // MiB} MB, while the node's disk ran low ({low})"
             )
             self._factory.faults[c.id] = why  # before the kill: whoever finds it dead asks why
             if await runtime.kill(c.id):
@@ -77,8 +97,24 @@ class DiskGuard:
                 self._factory.faults.pop(c.id, None)
         if not over and time.monotonic() - self._warned > WARN_EVERY:
             self._warned = time.monotonic()
-            log.warning("disk guard: %d MB free on %s and no sandbox past its disk_mb", free // MiB, self.path)
+            log.warning("disk guard: %s on %s and no sandbox past its disk_mb", low, self.path)
         return killed
+
+    async def _files(self, container_id: str, budget: int) -> int:
+        """Entries the sandbox added or changed in its layer, counted up to what its budget allows
+        (the engine's diff, walked on the host where it can be: runtime/overlay.py, no link
+        followed, bounded); past it, one more than the budget allows."""
+        allowed = budget // FILE_COST
+        runtime = self._factory.runtime
+        try:
+            if container_id not in self._info:
+                self._info[container_id] = await runtime.inspect(container_id, timeout=10)
+            changed = await runtime.changes(container_id, timeout=30, max_bytes=allowed * 64, info=self._info[container_id])
+        except FileTooLarge:
+            return allowed + 1
+        except SandboxError:
+            return 0  # gone meanwhile
+        return len(changed)
 
     async def run(self) -> None:
         """Looks every ``interval`` until :meth:`stop`; off where the data-root cannot be read."""
@@ -90,7 +126,9 @@ class DiskGuard:
             except SandboxError as e:
                 log.warning("disk guard off: the engine did not say where its data-root is: %s", e)
                 return
-        if self.free() is None:
+        try:
+            os.statvfs(self.path)
+        except OSError:
             log.warning("disk guard off: %s (the engine's data-root) cannot be read here", self.path)
             return
         while not self._stop.is_set():
