@@ -157,8 +157,8 @@ class SessionManager:
         if tomb is not None:
             ago = time.time() - tomb.ended_at
             why = f"{tomb.reason}{FAULT_NOTE if tomb.fault else ''}"
-            fault = {"fault": tomb.fault} if tomb.fault else {}
-            raise NotFound(f"session {session_id} not found (ended {ago:.0f} s ago: {why})", session_id=session_id, **fault)
+            message = f"session {session_id} not found (ended {ago:.0f} s ago: {why})"
+            raise NotFound(message, session_id=session_id, **tomb.fields())
         if not session_id:
             raise InvalidArgument("session_id is empty")
         raise NotFound(f"session {session_id} not found on node {self.node_id}", session_id=session_id)
@@ -362,8 +362,8 @@ class SessionManager:
         """The error a call on a session whose sandbox died gets: the fault field (trailing metadata
         rlsandbox-fault) when the episode killed it, which a trainer must not mask."""
         tomb = self._tombstones.get(session.id)
-        fault = {"fault": tomb.fault} if tomb is not None and tomb.fault else {}
-        return SandboxDied(f"the {reason}; start a new session", session_id=session.id, **fault)
+        fields = tomb.fields() if tomb is not None else {}
+        return SandboxDied(f"the {reason}; start a new session", session_id=session.id, **fields)
 
     async def _die(self, session: Session, detail: str) -> str:
         session.transition(SessionState.FAILED)
@@ -385,11 +385,19 @@ class SessionManager:
             session.sandbox = None
         return f"sandbox of session {session.id} died: {cause}{FAULT_NOTE if fault else ''}"
 
-    async def _ready(self, session: Session) -> Sandbox:
-        """The session's sandbox; a sandbox found dead ends the session first (the engine says why)."""
+    async def _end_if_dead(self, session: Session) -> str | None:
+        """A ready session whose sandbox is found dead ends (the engine says why): the reason it
+        then carries; None while its sandbox lives."""
         sandbox = session.sandbox
         if session.state is SessionState.READY and sandbox is not None and not sandbox.alive:
-            raise self._died(session, await self._fail(session, sandbox.channel.closed_reason or "its channel closed"))
+            return await self._fail(session, sandbox.channel.closed_reason or "its channel closed")
+        return None
+
+    async def _ready(self, session: Session) -> Sandbox:
+        """The session's sandbox; a sandbox found dead ends the session first (the engine says why)."""
+        reason = await self._end_if_dead(session)
+        if reason is not None:
+            raise self._died(session, reason)
         return session.require_ready()
 
     # -- operations on a live session -----------------------------------------------------------
@@ -451,8 +459,8 @@ class SessionManager:
         sandbox its own episode killed (tombstone.fault) scores reward 0 with that as its limit,
         never an infra error a trainer would mask: dying must not pay better than failing."""
         live = self.sessions.get(session_id)
-        if live is not None and live.state is SessionState.READY and live.sandbox is not None and not live.sandbox.alive:
-            await self._fail(live, live.sandbox.channel.closed_reason or "its channel closed")  # whose doing, first
+        if live is not None:
+            await self._end_if_dead(live)  # a sandbox found dead: whose doing, first
         with contextlib.suppress(NotFound):
             await self.settled(session_id)  # another caller is finding it dead: its account first
         tomb = self._tombstones.get(session_id)

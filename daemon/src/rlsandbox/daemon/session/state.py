@@ -108,6 +108,10 @@ class Tombstone:
     fault: str = ""
     session: Session | None = None
 
+    def fields(self) -> dict[str, str]:
+        """The error fields (trailing metadata) of a call on the ended session: its fault, if any."""
+        return {"fault": self.fault} if self.fault else {}
+
 
 class Session:
     """One episode: its options, its sandbox once leased, its state, counters and event numbers."""
