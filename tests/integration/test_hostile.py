@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import resource
 import subprocess
 import tarfile
@@ -322,13 +323,56 @@ async def test_a_clean_room_the_episodes_code_fills_with_memory_grades_0_not_inf
     await assert_node_healthy(node, hc)
 
 
-async def test_writing_to_the_agents_stdout_costs_the_host_disk_a_capped_log(node: NodeDaemon, hc: AsyncClient) -> None:
-    """A root episode can write to PID 1's stdout and stderr, which the engine logs on the host,
-    outside the writable layer (and 4x over, as JSON lines): 150 MB used to be 600 MB of the
-    node's disk. The log is capped at 1 MB; the agent and the session carry on."""
+# Run by a root episode: every way into the agent (PID 1) a process of the same uid has without
+# CAP_SYS_PTRACE. Through any of them it could make the agent report anything: in a clean room,
+# where the code under test runs as root, a passing test run.
+REACH_THE_AGENT = r"""
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+seen = {"ptrace": libc.ptrace(16, 1, 0, 0) == 0}  # PTRACE_ATTACH
+for path, flags in (("/proc/1/fd/0", os.O_RDONLY), ("/proc/1/fd/1", os.O_WRONLY), ("/proc/1/fd/2", os.O_WRONLY),
+                    ("/proc/1/mem", os.O_RDWR), ("/proc/1/environ", os.O_RDONLY)):
+    try:
+        os.close(os.open(path, flags))
+        seen[path] = True
+    except OSError:
+        seen[path] = False
+try:
+    seen["readlink /proc/1/fd/1"] = bool(os.readlink("/proc/1/fd/1"))
+except OSError:
+    seen["readlink /proc/1/fd/1"] = False
+print(json.dumps(seen))
+"""
+
+
+async def test_a_root_episode_cannot_reach_the_agent(hc: AsyncClient) -> None:
+    """A root episode could trace the agent, read and write its memory and descriptors: on runc
+    (dumpable, same uid, same capabilities) all of it worked. The agent makes itself undumpable
+    at start, so each needs CAP_SYS_PTRACE, which no sandbox has; its commands are unaffected."""
     async with hc.session("python") as s:
-        for target in ("/proc/1/fd/1", "/proc/1/fd/2"):
-            assert (await s.exec(f"head -c 75000000 /dev/zero > {target}", timeout=120)).exit_code == 0
+        tried = await s.exec(["python3", "-c", REACH_THE_AGENT])
+        assert tried.exit_code == 0, tried.stderr_text
+        seen = json.loads(tried.stdout)
+        assert len(seen) == 7 and not any(seen.values()), seen
+        # What the episode's own commands do with their /proc is as before.
+        mine = await s.exec("cat /proc/self/environ | tr '\\0' '\\n' | grep -c = ; ls /proc/self/fd | wc -l")
+        assert mine.exit_code == 0 and all(int(n) > 0 for n in mine.stdout.split()), mine.stdout_text
+        assert (await s.exec("echo alive")).stdout == b"alive\n"
+
+
+@pytest.mark.runsc
+async def test_writing_to_the_agents_stdout_costs_the_host_disk_a_capped_log(images: dict[str, str]) -> None:
+    """What reaches PID 1's stdout and stderr is logged by the engine on the host, outside the
+    writable layer (4x over, as JSON lines): 150 MB used to be 600 MB of the node's disk. On runc
+    no episode reaches them any more (above); under gVisor the agent's frames pass there (the
+    attach stream) and /proc/1/fd stays open to a root episode. The log is capped at 1 MB."""
+    pool = PoolConfig(name="gvisor", image=images["python"], min_ready=0, max_total=1, runtime="runsc")
+    async with (
+        running_daemon(daemon_config(pools=[pool])) as node,
+        AsyncClient(node.address, timeout=120) as client,
+        client.session("gvisor", acquire_timeout=120) as s,
+    ):
+        assert (await s.exec("head -c 150000000 /dev/zero > /proc/1/fd/2", timeout=120)).exit_code == 0
         sandbox = node.sessions.get(s.id).sandbox
         assert sandbox is not None
         log_path = (await node.runtime.inspect(sandbox.container_id))["LogPath"]

@@ -265,6 +265,23 @@ STUCK_SPAWN = 1.0  # seconds a spawn may wait for its child's exec before the ag
 _KILLED_BEFORE_EXEC = set()  # pids the agent killed stopped before their exec, until their command says so
 
 
+def _out_of_reach():
+    """Make PID 1 undumpable: its /proc files (fd, mem, environ) and ptrace then need
+    CAP_SYS_PTRACE, which no sandbox has. A root episode (a root pool's commands, a clean room's
+    tests) could otherwise trace the agent and make it report anything, or, on the attach stream
+    (gVisor), open /proc/1/fd/1 and write frames the daemon takes for the agent's answers.
+    Commands become dumpable again at their exec. False where ctypes or prctl is missing."""
+    if os.getpid() != 1:
+        return False
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        return prctl(4, 0, 0, 0, 0) == 0 and prctl(3, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE 0, PR_GET_DUMPABLE
+    except Exception:  # ImportError, OSError, AttributeError: a libc without it
+        return False
+
+
 def _allow_user_ids():
     """Fill _ROOT where the spawner thread may hold the episode's user's real and effective ids
     for a moment: in PID 1 (whose signals from inside the sandbox need a handler to arrive at all),
@@ -2260,6 +2277,7 @@ def main(argv=None):
     listener = dial = None
     if argv[:1] == ["--warm"] and len(argv) == 4:
         return _warm_main(argv[1], argv[2], int(argv[3]))
+    _out_of_reach()
     if argv[:1] == ["--user"] and len(argv) >= 2:
         uid, _, gid = argv[1].partition(":")
         _OWNER.append((int(uid), int(gid or uid)))
