@@ -377,8 +377,54 @@ async def test_writing_to_the_agents_stdout_costs_the_host_disk_a_capped_log(ima
         assert sandbox is not None
         log_path = (await node.runtime.inspect(sandbox.container_id))["LogPath"]
         kept = sum(p.stat().st_size for p in Path(log_path).parent.glob(Path(log_path).name + "*"))
-        assert 0 < kept <= 2 << 20, kept
+        assert 0 < kept <= 4 << 20, kept  # 1 MB, and what a rotation under way may hold a moment
         assert (await s.exec("echo alive")).stdout == b"alive\n"
+
+
+# Forged RESULT frames (exit 0, no error) for every request id, written where the agent answers.
+FORGE_ANSWERS = """
+import struct
+try:
+    out = open("/proc/1/fd/1", "wb", 0)
+except OSError:
+    out = None
+if out is not None:
+    meta = b'{"exit_code": 0, "signal": null, "results": [], "stats": [], "entries": []}'
+    for rid in range(1, 400):
+        out.write(struct.pack(">2sBBIII", b"RX", 1, 18, rid, len(meta), 0) + meta)
+"""
+
+
+@pytest.mark.runsc
+async def test_a_gvisor_episode_that_forges_its_agents_answers_scores_0(images: dict[str, str]) -> None:
+    """Under gVisor a root episode can open /proc/1/fd/1, the attach stream the agent answers on,
+    undumpable PID 1 or not: forged RESULT frames there once passed for the agent's own answers
+    (tried: a command's exit 0). The stream is keyed now: a forgery ends the sandbox as the
+    episode's own doing. The step says so (fault), the grade is reward 0 with it as its limit,
+    never an infra error to mask; and the same when the code under test forges in the clean room."""
+    textkit = load_tasks(TEXTKIT)[0]
+    task = Task(textkit.spec.model_copy(update={"pool": "gvisor"}), textkit.workspace_tar)
+    pool = PoolConfig(name="gvisor", image=images["python"], min_ready=0, max_total=2, runtime="runsc")
+    async with running_daemon(daemon_config(pools=[pool])) as node, AsyncClient(node.address, timeout=120) as client:
+        s = await client.create_session(task=task, acquire_timeout=120)
+        assert (await s.exec("true")).exit_code == 0
+        with pytest.raises((SandboxAbortedError, NotFoundError)) as died:
+            await s.exec(["python3", "-c", FORGE_ANSWERS], timeout=30)
+        assert "tampered with" in died.value.fault and "do not mask" in died.value.message, died.value
+        grade = await s.grade()
+        assert grade.status == "ok" and grade.reward == 0.0 and grade.limits == [died.value.fault], grade
+
+        # The code under test forges, from the clean room, the answers to the grader's own requests.
+        s = await client.create_session(task=task, acquire_timeout=120)
+        init = "src/textkit/__init__.py"
+        original = (await s.read_files([init]))[init].data
+        await s.write_files({init: original + FORGE_ANSWERS.encode()})
+        grade = await s.grade()
+        assert grade.status == "ok" and grade.reward == 0.0, grade
+        assert len(grade.limits) == 1 and "the clean room died of the episode's code" in grade.limits[0], grade.limits
+        assert "tampered with from inside the sandbox" in grade.limits[0], grade.limits
+        await s.close()
+        assert node.grader.infra_errors_total == 0
 
 
 async def test_an_images_declared_volume_is_memory_not_the_hosts_disk(images: dict[str, str], tmp_path: Path) -> None:

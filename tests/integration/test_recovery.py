@@ -83,10 +83,29 @@ async def daemon_process(config: Path, notify_path: Path) -> AsyncIterator[async
 
 
 IMPOSTOR = """
-import socket, struct, time
+import socket, struct, threading, time
 held = []
+
+def speak(s):  # a fake agent: every request answered, exit 0 and nothing printed
+    buf = b""
+    meta = b'{"protocol": 1, "agent_version": "1.0", "pid": 1, "exit_code": 0, "signal": null}'
+    try:
+        while True:
+            data = s.recv(65536)
+            if not data:
+                return
+            buf += data
+            while len(buf) >= 16:
+                _, _, _, rid, ml, bl = struct.unpack(">2sBBIII", buf[:16])
+                if len(buf) < 16 + ml + bl:
+                    break
+                buf = buf[16 + ml + bl:]
+                s.sendall(struct.pack(">2sBBIII", b"RX", 1, 18, rid, len(meta), 0) + meta)
+    except OSError:
+        pass
+
 while True:
-    for mode in ("garbage", "reset", "hold"):
+    for mode in ("garbage", "reset", "hold", "speak"):
         try:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect("/.rlsandbox/sock/agent.sock")
@@ -95,10 +114,12 @@ while True:
             elif mode == "reset":
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 s.close()
+            elif mode == "speak":
+                threading.Thread(target=speak, args=(s,), daemon=True).start()
             else:
                 held.append(s)
                 del held[:-200]
-        except OSError:
+        except (OSError, RuntimeError):
             pass
     time.sleep(0.005)
 """
@@ -145,7 +166,8 @@ async def test_sigkilled_daemon_restarts_and_readopts_its_sessions(
         assert (await box.exec("echo kept > /tmp/box.txt")).exit_code == 0
         doomed = await client.create_session("python")
         doomed_container = await _container_of(doomed)
-        # A sandbox that attacks its agent socket: garbage, resets and held connections, forever.
+        # A sandbox that attacks its agent socket: garbage, resets, held connections and a fake
+        # agent that answers every request (exit 0, nothing printed), forever.
         hostile = await client.create_session("python")
         flood = await hostile.exec(f"nohup python3 -c {shlex.quote(IMPOSTOR)} >/dev/null 2>&1 &")
         assert flood.exit_code == 0
@@ -171,7 +193,8 @@ async def test_sigkilled_daemon_restarts_and_readopts_its_sessions(
         assert "sleep 77" not in procs, "the command in flight at the crash was not cancelled"
         assert (await client.exec(py.id, "cat /etc/hostname")).stdout.decode().strip() == py_container
         assert (await client.exec(box.id, "cat /tmp/box.txt")).stdout == b"kept\n"
-        # The hostile sandbox did not stop the node from starting; its own agent still won.
+        # The hostile sandbox did not stop the node from starting; its own agent still won (the
+        # fake one would have answered with nothing printed).
         assert (await client.exec(hostile.id, "echo adopted")).stdout == b"adopted\n"
         assert await client.close_session(hostile.id)
         info = await client.get_session(py.id)

@@ -20,9 +20,9 @@ from rlsandbox.daemon.errors import InvalidArgument, SandboxDied
 from rlsandbox.daemon.model import ExecRequest, OutputChunk
 
 
-@pytest.fixture
-async def channel() -> AsyncIterator[AgentChannel]:
-    ch = AgentChannel(await SubprocessTransport.start(), name="local-agent")
+@pytest.fixture(params=[False, True], ids=["plain", "keyed"])
+async def channel(request: pytest.FixtureRequest) -> AsyncIterator[AgentChannel]:
+    ch = AgentChannel(await SubprocessTransport.start(), name="local-agent", keyed=request.param)
     await ch.start(timeout=10)
     yield ch
     await ch.close()
@@ -214,3 +214,94 @@ async def test_impostors_on_the_agent_socket_are_refused(tmp_path: Path) -> None
         silent.close()
         agent.kill()
         agent.wait()
+
+
+async def test_at_adoption_only_the_agents_own_process_may_answer(tmp_path: Path) -> None:
+    """After a restart the sandbox's programs run while the daemon waits for its agent: one that
+    speaks the protocol (here: another agent, dialling first) passed the handshake and would have
+    answered for the agent. With the agent's PID given, only its connection is taken."""
+    path = tmp_path / "agent.sock"
+    listener = await AgentListener.open(path)
+    impostor = subprocess.Popen([sys.executable, str(AGENT_PATH), "--connect", str(path)])
+    await asyncio.sleep(0.5)  # connected, waiting for its handshake
+    agent = subprocess.Popen([sys.executable, str(AGENT_PATH), "--connect", str(path)])
+    try:
+        channel = await accept_agent(listener, "adopted", 15, agent_pid=agent.pid)
+        await listener.close()
+        assert channel.info["pid"] == agent.pid, (channel.info, agent.pid, impostor.pid)
+        await channel.close("done")
+    finally:
+        for proc in (impostor, agent):
+            proc.kill()
+            proc.wait()
+
+
+# -- a keyed stream: what a root process in a gVisor sandbox can do to the attach stream -------------
+# It can open the agent's /proc/1/fd/0 and /proc/1/fd/1. Here the agent is a host process and the
+# commands it runs open its /proc/<pid>/fd the same way.
+
+
+async def _keyed() -> tuple[AgentChannel, SubprocessTransport]:
+    transport = await SubprocessTransport.start()
+    ch = AgentChannel(transport, name="keyed", keyed=True)
+    await ch.start(timeout=10)
+    return ch, transport
+
+
+def _forger(fd: int, frames: bytes) -> ExecRequest:
+    """A command that writes ``frames`` into the agent's own fd ``fd`` (its stdin or stdout)."""
+    code = f"import os, sys; f = open('/proc/{{}}/fd/{fd}'.format(os.getppid()), 'wb', 0); f.write(bytes.fromhex(sys.argv[1]))"
+    return ExecRequest(argv=(sys.executable, "-c", code, frames.hex()), timeout=10)
+
+
+async def test_forged_answers_on_a_keyed_stream_end_the_channel_as_tampered() -> None:
+    """Forged RESULT frames (exit 0) for every request id a command could have: without the key
+    none can carry a good tag, so the daemon takes none as an answer, and says why it stopped."""
+    ch, _ = await _keyed()
+    forged = b"".join(p.encode_frame(p.K_RESULT, rid, b'{"exit_code": 0}') for rid in range(1, 40))
+    with pytest.raises(SandboxDied, match="tampered with from inside the sandbox"):
+        await ch.exec(_forger(1, forged))
+    assert ch.tampered is not None and "forged or cut header" in ch.tampered
+    await ch.close()
+
+
+async def test_a_request_written_into_a_keyed_stream_stops_the_agent_as_tampered() -> None:
+    """A forged request in the agent's stdin: the agent stops, tells the daemon (a tagged frame),
+    and exits with EXIT_TAMPERED, which the container's exit status would keep."""
+    ch, transport = await _keyed()
+    injected = p.encode_frame(p.K_EXEC, 7, b'{"argv": ["true"]}')
+    with pytest.raises(SandboxDied):
+        await ch.exec(_forger(0, injected))
+    assert ch.tampered is not None and "input stream was tampered with" in ch.tampered
+    assert await asyncio.wait_for(transport.proc.wait(), 5) == p.EXIT_TAMPERED
+    await ch.close()
+
+
+async def test_a_request_read_away_from_a_keyed_stream_shows_as_tampering(tmp_path: Path) -> None:
+    """A background process reads the agent's stdin, so a request never reaches the agent. The
+    caller's deadline passes; the probe that follows breaks the agent's numbering, and the channel
+    ends as tampered with instead of a plain timeout (which a grader would count as the node's)."""
+    ch, transport = await _keyed()
+    stolen = tmp_path / "stolen"
+    thief = (
+        "import os, sys\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        f"    f = open('/proc/{{}}/fd/0'.format(int(sys.argv[1])), 'rb', 0)\n"
+        f"    open({str(stolen)!r}, 'wb').write(f.read(65536))\n"
+    )
+    agent_pid = str(transport.proc.pid)
+    assert (await ch.exec(ExecRequest(argv=(sys.executable, "-c", thief, agent_pid), timeout=10))).exit_code == 0
+    outcomes = []
+    for _ in range(100):  # until the thief, once blocked in its read, wins a request
+        try:
+            await ch.stat(["/"], timeout=1.0)
+            outcomes.append("answered")
+        except SandboxDied:
+            outcomes.append("died")
+            break
+        await asyncio.sleep(0.05)
+    assert stolen.exists() and stolen.stat().st_size > 0, outcomes
+    assert outcomes[-1] == "died", outcomes
+    assert ch.tampered is not None or await asyncio.wait_for(transport.proc.wait(), 5) == p.EXIT_TAMPERED
+    await ch.close()

@@ -133,3 +133,67 @@ def test_meta_fuzz_is_a_dict_or_protocol_error(meta: bytes) -> None:
         assert isinstance(p.loads(meta), dict)
     except p.ProtocolError:
         pass
+
+
+def _keyed_pair() -> tuple[p.FrameSealer, p.FrameDecoder]:
+    key = bytes(range(32))
+    decoder = p.FrameDecoder()
+    decoder.authenticate(key, p.TO_AGENT)
+    return p.FrameSealer(key, p.TO_AGENT), decoder
+
+
+def test_keyed_frames_round_trip_in_any_slicing() -> None:
+    sealer, decoder = _keyed_pair()
+    stream = b"".join(p.encode_frame(p.K_EXEC, i, b'{"i":%d}' % i, bytes([i]) * i, sealer) for i in range(1, 30))
+    got = []
+    for i in range(0, len(stream), 7):
+        got += decoder.feed(stream[i : i + 7])
+    assert [(rid, body) for _, rid, _, body in got] == [(i, bytes([i]) * i) for i in range(1, 30)]
+
+
+def test_every_changed_byte_of_a_keyed_frame_is_caught() -> None:
+    key = b"k" * 32
+    frame = p.encode_frame(p.K_RESULT, 3, b'{"exit_code":1}', b"out", p.FrameSealer(key, p.TO_DAEMON))
+    for i in range(len(frame)):
+        bad = bytearray(frame)
+        bad[i] ^= 0x01
+        decoder = p.FrameDecoder()
+        decoder.authenticate(key, p.TO_DAEMON)
+        with pytest.raises(p.ProtocolError):
+            decoder.feed(bytes(bad))
+
+
+def test_a_keyed_stream_catches_frames_dropped_added_replayed_or_from_the_other_direction() -> None:
+    key = b"k" * 32
+    sealer = p.FrameSealer(key, p.TO_DAEMON)
+    frames = [p.encode_frame(p.K_RESULT, i, b"{}", b"", sealer) for i in range(3)]
+    other = p.encode_frame(p.K_RESULT, 9, b"{}", b"", p.FrameSealer(key, p.TO_AGENT))
+    plain = p.encode_frame(p.K_RESULT, 1, b'{"exit_code": 0, "signal": null}')
+    for stream in (frames[0] + frames[2], frames[0] + frames[0], other, plain + frames[0], frames[0] + plain):
+        decoder = p.FrameDecoder()
+        decoder.authenticate(key, p.TO_DAEMON)
+        with pytest.raises(p.Tampered):
+            decoder.feed(stream)
+    decoder = p.FrameDecoder()
+    decoder.authenticate(key, p.TO_DAEMON)
+    assert [rid for _, rid, _, _ in decoder.feed(b"".join(frames))] == [0, 1, 2]
+
+
+def test_a_forged_header_is_caught_before_its_lengths_are_believed() -> None:
+    """A header claiming a 200 MB body would otherwise swallow every real frame behind it."""
+    sealer, decoder = _keyed_pair()
+    forged = p.HEADER.pack(b"RX", p.PROTOCOL_VERSION, p.K_EXEC, 1, 2, 200 << 20) + b"x" * p.TAG_SIZE
+    with pytest.raises(p.Tampered, match="forged or cut header"):
+        decoder.feed(forged + p.encode_frame(p.K_PING, 2, b"{}", b"", sealer))
+
+
+def test_an_unkeyed_decoder_stops_behind_a_key_frame() -> None:
+    """The frames behind KEY are tagged: they wait until the reader has keyed its decoder."""
+    key = b"k" * 32
+    stream = p.encode_frame(p.K_KEY, 1, b'{"key":"%s"}' % key.hex().encode()) + p.encode_frame(
+        p.K_PING, 2, b"{}", b"", p.FrameSealer(key, p.TO_AGENT)
+    )
+    decoder = p.FrameDecoder()
+    assert [kind for kind, *_ in decoder.feed(stream)] == [p.K_KEY]
+    decoder.authenticate(key, p.TO_AGENT)
+    assert [(kind, rid) for kind, rid, _, _ in decoder.feed(b"")] == [(p.K_PING, 2)]

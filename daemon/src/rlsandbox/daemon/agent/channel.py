@@ -1,7 +1,13 @@
 """A multiplexed request channel to one in-sandbox agent over a byte transport.
 
-The transport is the container's attached stdin/stdout in production and a plain subprocess pipe
-in unit tests; the channel does not care which.
+The transport is the agent's unix socket or the container's attached stdin/stdout in production
+and a plain subprocess pipe in unit tests; the channel does not care which.
+
+A keyed channel (the attach stream, which a root process in a gVisor sandbox can open through
+/proc/1/fd) tags every frame under a key it sends first, before anything runs in the sandbox
+(``sandbox_agent.py`` has the wire format). Anything written into the stream or read out of it
+from inside the sandbox then shows: ``tampered`` says how, and the sandbox counts as dead of the
+episode's own doing.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -23,6 +30,9 @@ ChunkCallback = Callable[[OutputChunk], None]
 # Slack on top of a command's own timeout before the daemon stops waiting for the agent: the agent
 # kills the command at its timeout and answers; only a wedged agent needs this.
 REPLY_SLACK = 10.0
+# A keyed channel whose answer did not come pings its agent before giving up, this long: a frame
+# read away from inside the sandbox then shows as the ping's (or the agent's) broken numbering.
+PROBE_TIMEOUT = 3.0
 STDERR_TAIL = 4096
 
 
@@ -54,10 +64,14 @@ class _Pending:
 class AgentChannel:
     """Requests to one agent, many in flight, answered by request id."""
 
-    def __init__(self, transport: ByteTransport, *, name: str) -> None:
+    def __init__(self, transport: ByteTransport, *, name: str, keyed: bool = False) -> None:
         self._transport = transport
         self._name = name
+        self._keyed = keyed
         self._decoder = p.FrameDecoder()
+        self._sealer: p.FrameSealer | None = None
+        # Why a keyed stream counts as tampered with from inside the sandbox; None if it does not.
+        self.tampered: str | None = None
         self._pending: dict[int, _Pending] = {}
         self._ids = itertools.count(1)
         self._reader: asyncio.Task[None] | None = None
@@ -77,6 +91,10 @@ class AgentChannel:
     async def start(self, timeout: float) -> dict[str, Any]:
         """Start reading and wait until the agent answers a ping; returns its hello facts."""
         self._reader = asyncio.get_running_loop().create_task(self._read_loop(), name=f"agent-reader-{self._name}")
+        if self._keyed:
+            key = secrets.token_bytes(32)
+            self._decoder.authenticate(key, p.TO_DAEMON)
+            await self.request(p.K_KEY, {"key": key.hex()}, timeout=timeout)
         meta, _ = await self.request(p.K_PING, {}, timeout=timeout)
         if meta.get("protocol") != p.PROTOCOL_VERSION:
             raise AgentProtocolError(f"agent in {self._name} speaks protocol {meta.get('protocol')}, not {p.PROTOCOL_VERSION}")
@@ -99,7 +117,7 @@ class AgentChannel:
         self._pending[rid] = _Pending(future, on_chunk)
         try:
             try:
-                frame = p.encode_frame(kind, rid, p.dumps(meta), body)
+                frame = self._encode(kind, rid, meta, body)
             except p.ProtocolError as e:
                 raise InvalidArgument(f"request too large for the sandbox agent: {e}") from None
             # Sending counts against the deadline too (an agent that stops reading must not hold
@@ -111,6 +129,10 @@ class AgentChannel:
                     await asyncio.shield(send)
                     result_meta, result_body = await asyncio.shield(future)
             except TimeoutError:
+                if self._sealer is not None and kind != p.K_PING and self.alive:
+                    await self._probe()
+                if self._closed_reason is not None:
+                    raise SandboxDied(f"sandbox {self._name} is gone: {self._closed_reason}", container_id=self._name) from None
                 raise DeadlineExceeded(
                     f"sandbox {self._name} did not answer within {timeout:.1f} s", container_id=self._name
                 ) from None
@@ -131,10 +153,27 @@ class AgentChannel:
     def _cancel_remote(self, rid: int) -> None:
         """Ask the agent to kill a command whose caller went away. The send is a tracked task
         (awaited in :meth:`close`): the caller is being cancelled and cannot await it."""
-        frame = p.encode_frame(p.K_CANCEL, 0, p.dumps({"target": rid}))
+        frame = self._encode(p.K_CANCEL, 0, {"target": rid})
         task = asyncio.get_running_loop().create_task(self._transport.send(frame))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def _encode(self, kind: int, rid: int, meta: dict[str, Any], body: bytes = b"") -> bytes:
+        """One frame, tagged on a keyed stream. Frames are tagged in the order they are sent: each
+        send is started (in that order) by the caller of this, at once."""
+        frame = p.encode_frame(kind, rid, p.dumps(meta), body, self._sealer)
+        if kind == p.K_KEY:  # the key goes bare, once, first; every frame after it is tagged
+            self._sealer = p.FrameSealer(bytes.fromhex(meta["key"]), p.TO_AGENT)
+        return frame
+
+    async def _probe(self) -> None:
+        """An answer did not come on a keyed stream: ping the agent. If a frame was read away from
+        inside the sandbox, the ping's number (the agent checks it) or its answer's (this side
+        does) is off, and the channel ends as tampered with."""
+        try:
+            await self.request(p.K_PING, {}, timeout=PROBE_TIMEOUT)
+        except Exception as e:
+            log.warning("sandbox %s: no answer to a probe after a missing answer: %s", self._name, e)
 
     async def exec(self, req: ExecRequest, on_chunk: ChunkCallback | None = None) -> ExecResult:
         # The agent always streams: chunks are collected here (and passed on to the caller's
@@ -226,7 +265,10 @@ class AgentChannel:
                 for kind, rid, meta, body in frames:
                     self._dispatch(kind, rid, meta, body)
         except p.ProtocolError as e:
-            reason = f"agent protocol error: {e}"
+            if self._decoder.keyed:  # only the agent and the sandbox's own processes write there
+                self.tampered = reason = f"its agent's stream was tampered with from inside the sandbox: {e}"
+            else:
+                reason = f"agent protocol error: {e}"
             log.error("sandbox %s: %s", self._name, reason)
         except asyncio.CancelledError:
             reason = "channel closed"
@@ -238,6 +280,10 @@ class AgentChannel:
 
     def _dispatch(self, kind: int, rid: int, meta: bytes, body: bytes) -> None:
         pending = self._pending.get(rid)
+        if kind == p.K_ERROR and rid == 0 and self._decoder.keyed:
+            error = p.loads(meta)
+            if error.get("code") == "tampered":  # the agent's word: the frame's tag held
+                raise p.Tampered(str(error.get("message", "")))
         if pending is None:
             if kind == p.K_ERROR:
                 log.warning("agent %s error for request %d: %r", self._name, rid, meta[:300])

@@ -11,10 +11,12 @@ from typing import Any
 
 import orjson
 from rlsandbox.daemon.agent.sandbox_agent import (
+    EXIT_TAMPERED,
     HEADER,
     K_CANCEL,
     K_ERROR,
     K_EXEC,
+    K_KEY,
     K_LIST,
     K_PING,
     K_READ_FILES,
@@ -29,19 +31,26 @@ from rlsandbox.daemon.agent.sandbox_agent import (
     MAX_BODY,
     MAX_META,
     PROTOCOL_VERSION,
+    TAG_SIZE,
+    TO_AGENT,
+    TO_DAEMON,
     FrameDecoder,
+    FrameSealer,
     ProtocolError,
+    Tampered,
     UnsupportedVersion,
     encode_frame,
 )
 from rlsandbox.daemon.model import ExecRequest, ExecResult, FileRead, FileStat, FileWrite, FileWriteResult
 
 __all__ = [
+    "EXIT_TAMPERED",
     "HEADER",
     "K_CANCEL",
     "K_RESET",
     "K_ERROR",
     "K_EXEC",
+    "K_KEY",
     "K_LIST",
     "K_PING",
     "K_READ_FILES",
@@ -55,8 +64,13 @@ __all__ = [
     "MAX_BODY",
     "MAX_META",
     "PROTOCOL_VERSION",
+    "TAG_SIZE",
+    "TO_AGENT",
+    "TO_DAEMON",
     "FrameDecoder",
+    "FrameSealer",
     "ProtocolError",
+    "Tampered",
     "UnsupportedVersion",
     "encode_frame",
     "exec_request",

@@ -12,12 +12,20 @@ Wire format (both directions), all integers big endian::
 Many requests are in flight at once; every response frame carries the id of its request. A request
 ends with exactly one RESULT or ERROR frame; EXEC may send STDOUT/STDERR chunks before it.
 
+A keyed stream (the container's attach stream, which a root process in a gVisor sandbox can open
+through /proc/1/fd): the daemon's first frame is KEY, bare, sent before anything in the sandbox
+runs. From then on every frame, both ways, is followed by a 16-byte BLAKE2b tag under that key and
+the frame's number in its direction: a frame written in by anyone else, or one read away (the next
+one's number is then wrong), fails the check, and the stream counts as tampered with.
+
 The framing half of this file (``encode_frame``, ``FrameDecoder``) is imported by the daemon too,
 so both ends share one implementation.
 """
 
 import errno
 import fcntl
+import hashlib
+import hmac
 import json
 import os
 import selectors
@@ -47,6 +55,7 @@ K_STAT = 7
 K_SHELL_CLOSE = 8
 K_SHUTDOWN = 9
 K_RESET = 10  # recycling: end every process, wipe the writable places, prove the sandbox is clean
+K_KEY = 11  # the first frame of a keyed stream: {"key": hex}; every later frame is tagged
 # Responses (agent -> daemon).
 K_STDOUT = 16
 K_STDERR = 17
@@ -59,6 +68,10 @@ DIAL_MAX = 0.25  # ... doubling up to this: a restarted daemon finds every agent
 DRAIN_GRACE = 0.1  # seconds to wait for pipe EOF after the command's main process exited
 SHELL_KILL_GRACE = 1.0  # seconds a timed-out shell command gets before the whole shell is killed
 SCRATCH = "/tmp/.rlsandbox"
+TAG_SIZE = 16
+TO_AGENT = b"rlsandbox:agent"  # BLAKE2b personalisation of each direction's tags
+TO_DAEMON = b"rlsandbox:daemon"
+EXIT_TAMPERED = 86  # the agent's exit status when its keyed stream was tampered with
 
 
 class ProtocolError(Exception):
@@ -74,11 +87,47 @@ class UnsupportedVersion(ProtocolError):
         self.request_id = request_id
 
 
-def encode_frame(kind, request_id, meta=b"{}", body=b""):
-    """Return one frame as bytes. ``meta`` is already-encoded JSON."""
+class Tampered(ProtocolError):
+    """A keyed stream's frame failed its tag: something else wrote into the stream or read from it."""
+
+
+class FrameSealer(object):
+    """Tags one direction's frames of a keyed stream, numbering them from 0. A frame carries two
+    tags: one right behind its header (its lengths are trusted only once that holds, so a forged
+    header cannot make the reader swallow the real frames behind it), one behind its body."""
+
+    __slots__ = ("_key", "_person", "_seq")
+
+    def __init__(self, key, person):
+        self._key = key
+        self._person = person
+        self._seq = 0
+
+    def _mac(self, what):
+        salt = struct.pack(">7xBQ", what, self._seq)
+        return hashlib.blake2b(digest_size=TAG_SIZE, key=self._key, person=self._person, salt=salt)
+
+    def head(self, header):
+        h = self._mac(1)
+        h.update(header)
+        return h.digest()
+
+    def tag(self, pieces):
+        h = self._mac(2)
+        for piece in pieces:
+            h.update(piece)
+        self._seq += 1
+        return h.digest()
+
+
+def encode_frame(kind, request_id, meta=b"{}", body=b"", sealer=None):
+    """Return one frame as bytes (tagged when a ``sealer`` is given). ``meta`` is already-encoded JSON."""
     if len(meta) > MAX_META or len(body) > MAX_BODY:
         raise ProtocolError("frame too large: meta %d bytes, body %d bytes" % (len(meta), len(body)))
-    return b"".join((HEADER.pack(MAGIC, PROTOCOL_VERSION, kind, request_id, len(meta), len(body)), meta, body))
+    header = HEADER.pack(MAGIC, PROTOCOL_VERSION, kind, request_id, len(meta), len(body))
+    if sealer is None:
+        return b"".join((header, meta, body))
+    return b"".join((header, sealer.head(header), meta, body, sealer.tag((header, meta, body))))
 
 
 class FrameDecoder(object):
@@ -87,13 +136,25 @@ class FrameDecoder(object):
     ``feed`` returns a list of ``(kind, request_id, meta_bytes, body_bytes)``. A frame of another
     protocol version is skipped whole and reported by raising ``UnsupportedVersion`` (the stream
     stays usable); bad magic or an oversized frame raise ``ProtocolError`` (the stream is lost).
+
+    Keyed (:meth:`authenticate`), every frame must carry its tag, or ``Tampered`` is raised. Not
+    yet keyed, decoding stops after a KEY frame: the frames behind it are tagged, and are decoded
+    by the next ``feed`` once the caller has keyed the decoder.
     """
 
-    __slots__ = ("_buf", "_pending")
+    __slots__ = ("_buf", "_pending", "_sealer")
 
     def __init__(self):
         self._buf = bytearray()
         self._pending = None
+        self._sealer = None
+
+    def authenticate(self, key, person):
+        self._sealer = FrameSealer(key, person)
+
+    @property
+    def keyed(self):
+        return self._sealer is not None
 
     def feed(self, data):
         self._buf += data
@@ -101,25 +162,38 @@ class FrameDecoder(object):
         buf = self._buf
         pos = 0
         skipped = None
+        sealer = self._sealer
+        tag = TAG_SIZE if sealer is not None else 0
         while True:
-            if len(buf) - pos < HEADER.size:
+            if len(buf) - pos < HEADER.size + tag:
                 break
             magic, version, kind, rid, meta_len, body_len = HEADER.unpack_from(buf, pos)
+            start = pos + HEADER.size
+            head = bytes(buf[pos:start])
+            if sealer is not None and not hmac.compare_digest(sealer.head(head), bytes(buf[start : start + tag])):
+                raise Tampered("frame %d of a keyed stream has a forged or cut header" % sealer._seq)
             if magic != MAGIC:
                 raise ProtocolError("bad frame magic %r at offset %d" % (bytes(magic), pos))
             if meta_len > MAX_META or body_len > MAX_BODY:
                 raise ProtocolError("frame too large: meta %d bytes, body %d bytes" % (meta_len, body_len))
-            end = pos + HEADER.size + meta_len + body_len
-            if len(buf) < end:
+            start += tag
+            end = start + meta_len + body_len
+            if len(buf) < end + tag:
                 break
+            meta, body = bytes(buf[start : start + meta_len]), bytes(buf[start + meta_len : end])
+            if sealer is not None:
+                expected = sealer.tag((bytes(buf[pos : pos + HEADER.size]), meta, body))
+                if not hmac.compare_digest(expected, bytes(buf[end : end + tag])):
+                    why = "frame %d of a keyed stream (kind %d, request %d) fails its tag" % (sealer._seq - 1, kind, rid)
+                    raise Tampered(why)
+            pos = end + tag
             if version != PROTOCOL_VERSION:
                 if skipped is None:
                     skipped = UnsupportedVersion(version, rid)
-                pos = end
                 continue
-            start = pos + HEADER.size
-            frames.append((kind, rid, bytes(buf[start : start + meta_len]), bytes(buf[start + meta_len : end])))
-            pos = end
+            frames.append((kind, rid, meta, body))
+            if kind == K_KEY and sealer is None:
+                break
         if pos:
             del buf[:pos]
         if skipped is not None:
@@ -970,6 +1044,9 @@ class Agent(object):
         self.outfd = outfd
         self.sel = selectors.DefaultSelector()
         self.decoder = FrameDecoder()
+        self.sealer = None  # a keyed stream's tagger of what the agent sends (K_KEY)
+        self.first_frame = True  # ... which only the first frame of a stream may ask for
+        self.exit_code = 0
         self.outbuf = bytearray()
         self.commands = {}
         self.orphans = set()  # commands of a daemon connection that is gone, being cancelled
@@ -1031,6 +1108,8 @@ class Agent(object):
         self.conn = conn
         self.infd = self.outfd = conn.fileno()
         self.decoder = FrameDecoder()
+        self.sealer = None
+        self.first_frame = True
         self.sel.register(conn, selectors.EVENT_READ, "conn")
 
     def _drop_connection(self):
@@ -1065,7 +1144,7 @@ class Agent(object):
 
     # -- output ---------------------------------------------------------------------------------
     def send(self, kind, rid, meta=b"{}", body=b""):
-        self.outbuf += encode_frame(kind, rid, meta, body)
+        self.outbuf += encode_frame(kind, rid, meta, body, self.sealer)
         self._flush()
 
     def error(self, rid, code, message):
@@ -1455,18 +1534,51 @@ class Agent(object):
         if not data:
             self._hang_up()
             return
+        while True:
+            try:
+                frames = self.decoder.feed(data)
+            except UnsupportedVersion as e:
+                frames = e.frames
+                self.error(e.request_id, "unsupported_version", str(e))
+            except ProtocolError as e:
+                self._broken(e)
+                return
+            data = b""
+            for kind, rid, meta, body in frames:
+                first, self.first_frame = self.first_frame, False
+                if kind != K_KEY:
+                    self.handle(kind, rid, meta, body)
+                elif not self._take_key(first, rid, meta):
+                    return
+            if not frames or frames[-1][0] != K_KEY:
+                return  # else the frames behind the key are tagged: decode them now
+
+    def _take_key(self, first, rid, meta):
+        """A keyed stream starts: from now on each frame, both ways, is tagged under ``key``."""
         try:
-            frames = self.decoder.feed(data)
-        except UnsupportedVersion as e:
-            frames = e.frames
-            self.error(e.request_id, "unsupported_version", str(e))
-        except ProtocolError as e:
+            key = bytes.fromhex(json.loads(meta.decode("utf-8"))["key"])
+        except (ValueError, KeyError, TypeError):
+            key = b""
+        if not first or self.sealer is not None or not 16 <= len(key) <= 64:
+            self._broken(ProtocolError("a stream key must come once, first, and be 16 to 64 bytes"))
+            return False
+        self.decoder.authenticate(key, TO_AGENT)
+        self.sealer = FrameSealer(key, TO_DAEMON)
+        self.send(K_RESULT, rid, b"{}")
+        return True
+
+    def _broken(self, e):
+        """The stream cannot be read on. A keyed stream was tampered with from inside the sandbox:
+        the agent says so (tagged: the daemon knows it is the agent's word) and, on its stdio,
+        exits with EXIT_TAMPERED, which the container's exit status keeps."""
+        if self.decoder.keyed:
+            self.error(0, "tampered", "the agent's input stream was tampered with: %s" % e)
+            if self.conn is None:
+                self.exit_code = EXIT_TAMPERED
+        else:
             self.error(0, "protocol_error", str(e))
-            self._flush()
-            self._hang_up()
-            return
-        for kind, rid, meta, body in frames:
-            self.handle(kind, rid, meta, body)
+        self._flush()
+        self._hang_up()
 
     def _shutdown(self):
         for cmd in list(self.commands.values()):
@@ -2295,7 +2407,7 @@ def main(argv=None):
         return 2
     agent = Agent(listener=listener, dial=dial)
     agent.run()
-    return 0
+    return agent.exit_code
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ daemon writes, bind-mounted **read-only** into the container. The daemon's liste
 the only thing in it, besides the files the daemon links there for one command to read (a
 tarball to extract: ``Drop``), which spares copying them through the agent. A program in the
 sandbox can connect to that socket (and is then just
-another client the daemon refuses unless it completes the handshake), but it cannot create,
+another client the daemon refuses unless it completes the handshake, and, when the sandbox's own
+programs may be running, unless it is the container's init process), but it cannot create,
 replace, redirect or fill anything on the host, so the daemon never opens, follows or removes a
 path a sandbox wrote. The agent dials the socket at start and again whenever its daemon goes
 away, so a restarted daemon re-creates the socket and its sandboxes come back to it.
@@ -23,6 +24,7 @@ import contextlib
 import os
 import secrets
 import socket
+import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -59,6 +61,14 @@ class UnixSocketTransport:
         self._writer.close()
         with contextlib.suppress(Exception):
             await self._writer.wait_closed()
+
+    def peer_pid(self) -> int | None:
+        """The process that connected, as the kernel saw it at connect (host PID namespace)."""
+        sock = self._writer.get_extra_info("socket")
+        if sock is None:
+            return None
+        pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        return int(pid)
 
 
 def prepare_folder(folder: Path) -> None:
@@ -242,12 +252,17 @@ HANDSHAKE_TIMEOUT = 2.0  # seconds for one connection to answer the daemon's pin
 MAX_HANDSHAKES = 64  # connections tried at once; more are closed at once (a sandbox flooding its socket)
 
 
-async def accept_agent(listener: AgentListener, name: str, timeout: float) -> AgentChannel:
+async def accept_agent(listener: AgentListener, name: str, timeout: float, *, agent_pid: int | None = None) -> AgentChannel:
     """The first connection to ``listener`` that completes the handshake, as a started channel.
 
     A program inside the sandbox may dial the socket too (it is visible there). Connections are
     tried at once, each with its own short deadline: one that resets, sends garbage, speaks
     another protocol or hangs is closed, and cannot hold up the agent, which dials until answered.
+
+    ``agent_pid``: the agent's PID on the host (the container's init); a connection from any other
+    process is refused before a byte is read. Needed whenever the sandbox's own programs may be
+    running (adoption after a restart): one that speaks the protocol would otherwise pass the
+    handshake and answer for the agent. A new sandbox runs nothing of an episode's yet.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -255,6 +270,9 @@ async def accept_agent(listener: AgentListener, name: str, timeout: float) -> Ag
     attempts: set[asyncio.Task[AgentChannel]] = set()
 
     async def attempt(transport: UnixSocketTransport) -> AgentChannel:
+        if agent_pid is not None and (peer := transport.peer_pid()) != agent_pid:
+            await transport.close()
+            raise SandboxDied(f"a connection from process {peer}, not the sandbox's agent (process {agent_pid})")
         channel = AgentChannel(transport, name=name)
         try:
             await channel.start(timeout=HANDSHAKE_TIMEOUT)

@@ -200,8 +200,9 @@ class Grader:
             try:
                 result = await self._evaluate(room, task, facts=facts, changed=changed, detected=planned.findings)
             except SandboxError:
-                # The episode's code killed the room (out of memory, or past its disk budget on a
-                # node whose disk ran low): a mess of its own, never an infra error to mask.
+                # The episode's code killed the room (out of memory, past its disk budget on a node
+                # whose disk ran low, or by tampering with its agent's stream): a mess of its own,
+                # never an infra error to mask.
                 cause, whose = await pool.death_cause(room) if not room.alive else ("", "")
                 if not whose:
                     raise

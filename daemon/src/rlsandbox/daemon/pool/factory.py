@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rlsandbox.daemon.agent import AGENT_PATH
 from rlsandbox.daemon.agent.channel import AgentChannel
+from rlsandbox.daemon.agent.protocol import EXIT_TAMPERED
 from rlsandbox.daemon.agent.socket_transport import AgentListener, accept_agent, prepare_folder, remove_folder
 from rlsandbox.daemon.errors import SandboxDied, SandboxError
 from rlsandbox.daemon.journal import JournalEntry
@@ -137,7 +138,12 @@ class SandboxFactory:
             if listener is not None:
                 channel = await accept_agent(listener, name, spec.start_timeout)
             else:
-                channel = AgentChannel(await self.runtime.attach(cid), name=name) if use_agent else ExecChannel(self.runtime, cid)
+                # The attach stream is keyed: under gVisor a root process in the sandbox can open it.
+                channel = (
+                    AgentChannel(await self.runtime.attach(cid), name=name, keyed=True)
+                    if use_agent
+                    else ExecChannel(self.runtime, cid)
+                )
                 await channel.start(timeout=spec.start_timeout)
             sandbox = Sandbox(
                 container_id=cid,
@@ -175,11 +181,19 @@ class SandboxFactory:
         if entry.transport == "dial":
             if self.socket_root is None:
                 raise SandboxDied("its agent socket is not kept by this configuration (agent_socket_root is empty)")
+            # The episode's programs run: only the container's init, the agent, may answer.
+            try:
+                info = await self.runtime.inspect(entry.container_id, timeout=timeout)
+            except SandboxError as e:
+                raise SandboxDied(f"its container cannot be inspected: {e.message}") from None
+            agent_pid = (info.get("State") or {}).get("Pid")
+            if not agent_pid:
+                raise SandboxDied("its container has no running init process")
             folder = self.socket_folder(entry.container)
             prepare_folder(folder)
             listener = await AgentListener.open(folder / AGENT_SOCKET)
             try:
-                channel = await accept_agent(listener, entry.container, timeout)
+                channel = await accept_agent(listener, entry.container, timeout, agent_pid=int(agent_pid))
             finally:
                 await listener.close()
         elif entry.transport == "exec":
@@ -229,8 +243,9 @@ class SandboxFactory:
 
     async def death_cause(self, sandbox: Sandbox, wait: float = 2.0) -> tuple[str, str]:
         """Why a sandbox stopped answering, as the engine saw it: (what to tell the caller, whose
-        doing: "oom" for an OOM kill at its memory limit, "disk" for the disk guard's kill, both the
-        episode's; "" for anything else, the node's).
+        doing: "oom" for an OOM kill at its memory limit, "disk" for the disk guard's kill,
+        "tamper" for its agent's keyed stream written to or read from inside the sandbox, all
+        the episode's; "" for anything else, the node's).
 
         The agent's stream ends as its container exits, so the engine is given ``wait`` seconds
         to notice before the container counts as still running.
@@ -238,6 +253,9 @@ class SandboxFactory:
         fault = self.faults.pop(sandbox.container_id, None)
         if fault is not None:
             return fault, "disk"
+        tampered = getattr(sandbox.channel, "tampered", None)
+        if tampered:
+            return tampered, "tamper"
         deadline = time.monotonic() + wait
         while True:
             try:
@@ -264,6 +282,8 @@ class SandboxFactory:
         if state.get("Running"):
             return "its agent stopped answering while its container still runs", ""
         code = state.get("ExitCode")
+        if code == EXIT_TAMPERED and sandbox.mode == "agent":  # only the agent, PID 1, sets it
+            return "its agent found its input stream tampered with from inside the sandbox, and stopped", "tamper"
         killed = " (SIGKILL from outside: docker kill, a node restart)" if code == 137 else ""
         return f"its container exited with code {code}{killed}", ""
 

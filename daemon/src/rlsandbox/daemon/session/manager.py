@@ -370,13 +370,13 @@ class SessionManager:
         self.recorder.forget(session.id)
         self._bury(session, f"sandbox died: {detail}", dying=True)  # until the engine says more
         cause, whose = await session.pool.death_cause(session.sandbox) if session.sandbox is not None else (detail, "")
-        # Out of memory at the sandbox's own limit, or past its disk budget on a node whose disk ran
-        # low: its processes did it, the episode's doing.
+        # Out of memory at the sandbox's own limit, past its disk budget on a node whose disk ran
+        # low, or its agent's stream tampered with: its processes did it, the episode's doing.
         fault = f"the sandbox died of the episode's own doing: {cause}" if whose else ""
         self._bury(session, f"sandbox died: {cause}", fault)
-        self.recorder.died(session, cause, detail, whose == "oom", disk=whose == "disk")
+        self.recorder.died(session, cause, detail, whose)
         if self.metrics is not None:
-            kind = {"oom": "oom_killed", "disk": "disk_exceeded"}.get(whose, "died")
+            kind = {"oom": "oom_killed", "disk": "disk_exceeded", "tamper": "tampered"}.get(whose, "died")
             self.metrics.sandbox_deaths.labels(session.pool.name, kind).inc()
         if session.sandbox is not None:
             session.pool.release(session.sandbox, f"sandbox died: {cause}")

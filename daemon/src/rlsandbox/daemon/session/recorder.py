@@ -275,8 +275,11 @@ class Recorder:
         if result.tampering:
             self.emit(session, ev.ALERT, {"kind": "tampering", "task": task_id, "details": result.tampering[:50]})
 
-    def died(self, session: Session, cause: str, detail: str, oom: bool, *, disk: bool = False) -> None:
-        kind = "oom_killed" if oom else "disk_exceeded" if disk else "sandbox_died"
+    def died(self, session: Session, cause: str, detail: str, whose: str = "") -> None:
+        """The sandbox died; ``whose`` is :meth:`SandboxFactory.death_cause`'s (the episode's doing:
+        "oom", "disk" or "tamper"; "" for the node's)."""
+        oom = whose == "oom"
+        kind = {"oom": "oom_killed", "disk": "disk_exceeded", "tamper": "tampering"}.get(whose, "sandbox_died")
         alert = {"kind": kind, "reason": cause, "detail": detail, "oom_killed": oom}
         self.emit(session, ev.ALERT, alert)
         self.emit(session, ev.FAILED, {"reason": f"sandbox died: {cause}", "steps": session.steps, "oom_killed": oom})
