@@ -169,7 +169,7 @@ class FrameDecoder(object):
                 break
             magic, version, kind, rid, meta_len, body_len = HEADER.unpack_from(buf, pos)
             start = pos + HEADER.size
-            head = bytes(buf[pos:start])
+            head = bytes(buf[pos:start]) if sealer is not None else b""
             if sealer is not None and not hmac.compare_digest(sealer.head(head), bytes(buf[start : start + tag])):
                 raise Tampered("frame %d of a keyed stream has a forged or cut header" % sealer._seq)
             if magic != MAGIC:
@@ -182,7 +182,7 @@ class FrameDecoder(object):
                 break
             meta, body = bytes(buf[start : start + meta_len]), bytes(buf[start + meta_len : end])
             if sealer is not None:
-                expected = sealer.tag((bytes(buf[pos : pos + HEADER.size]), meta, body))
+                expected = sealer.tag((head, meta, body))
                 if not hmac.compare_digest(expected, bytes(buf[end : end + tag])):
                     why = "frame %d of a keyed stream (kind %d, request %d) fails its tag" % (sealer._seq - 1, kind, rid)
                     raise Tampered(why)
