@@ -227,6 +227,8 @@ async def test_at_adoption_only_the_agents_own_process_may_answer(tmp_path: Path
     agent = subprocess.Popen([sys.executable, str(AGENT_PATH), "--connect", str(path)])
     try:
         channel = await accept_agent(listener, "adopted", 15, agent_pid=agent.pid)
+        impostor.kill()  # it dials again and again: no connection left half-made at the close
+        impostor.wait()
         await listener.close()
         assert channel.info["pid"] == agent.pid, (channel.info, agent.pid, impostor.pid)
         await channel.close("done")
