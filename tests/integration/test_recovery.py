@@ -130,14 +130,14 @@ async def _container_of(session: object) -> str:
 
 
 @pytest.fixture
-async def aggregator(tmp_path: Path) -> AsyncIterator[tuple[str, Aggregator]]:
+async def aggregator(tmp_path: Path) -> AsyncIterator[tuple[NatsServer, Aggregator]]:
     server = NatsServer(tmp_path / "jetstream")
     await server.start()
     agg = Aggregator(server.url, tmp_path / "agg.sqlite3")
     task = asyncio.create_task(agg.run())
     try:
         await asyncio.wait_for(agg.started.wait(), 30)
-        yield server.url, agg
+        yield server, agg
     finally:
         agg.stop()
         await asyncio.wait_for(task, 30)
@@ -146,12 +146,13 @@ async def aggregator(tmp_path: Path) -> AsyncIterator[tuple[str, Aggregator]]:
 
 @pytest.mark.slow
 async def test_sigkilled_daemon_restarts_and_readopts_its_sessions(
-    tmp_path: Path, docker_runtime: DockerRuntime, images: object, aggregator: tuple[str, Aggregator]
+    tmp_path: Path, docker_runtime: DockerRuntime, images: object, aggregator: tuple[NatsServer, Aggregator]
 ) -> None:
     node = f"{TEST_OWNER}-crash"
     sock = tmp_path / "daemon.sock"
     config = tmp_path / "daemon.toml"
-    nats_url, agg = aggregator
+    nats, agg = aggregator
+    nats_url = nats.url
     config.write_text(
         CONFIG.format(node=node, sock=sock, journal=tmp_path / "sessions.sqlite3", nats=nats_url, outbox=tmp_path / "outbox")
     )
@@ -174,10 +175,17 @@ async def test_sigkilled_daemon_restarts_and_readopts_its_sessions(
         py_container = await _container_of(py)
         in_flight = asyncio.create_task(py.exec("sleep 77"))
         await asyncio.sleep(0.5)
-        before = {c.name for c in await docker_runtime.list_containers({LABEL_OWNER: node})}
-
-        first.send_signal(signal.SIGKILL)
-        await first.wait()
+        # NATS stalls; a session is handed out all the same (CreateSession does not wait for
+        # JetStream), so its `created` event is in the daemon's memory only when it dies.
+        assert nats.process is not None
+        nats.process.send_signal(signal.SIGSTOP)
+        try:
+            late = await client.create_session("busybox", labels={"run": "crash"})
+            before = {c.name for c in await docker_runtime.list_containers({LABEL_OWNER: node})}
+            first.send_signal(signal.SIGKILL)
+            await first.wait()
+        finally:
+            nats.process.send_signal(signal.SIGCONT)
         with pytest.raises(SandboxRPCError):
             await in_flight
         # While no daemon runs, one sandbox dies.
@@ -193,6 +201,7 @@ async def test_sigkilled_daemon_restarts_and_readopts_its_sessions(
         assert "sleep 77" not in procs, "the command in flight at the crash was not cancelled"
         assert (await client.exec(py.id, "cat /etc/hostname")).stdout.decode().strip() == py_container
         assert (await client.exec(box.id, "cat /tmp/box.txt")).stdout == b"kept\n"
+        assert (await client.exec(late.id, "echo late")).stdout == b"late\n"
         # The hostile sandbox did not stop the node from starting; its own agent still won (the
         # fake one would have answered with nothing printed).
         assert (await client.exec(hostile.id, "echo adopted")).stdout == b"adopted\n"
@@ -213,15 +222,16 @@ async def test_sigkilled_daemon_restarts_and_readopts_its_sessions(
             if all(pools[n].ready >= 1 for n in ("python", "busybox")) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.2)
-        assert pools["python"].in_use == 1 and pools["busybox"].in_use == 1
+        assert pools["python"].in_use == 1 and pools["busybox"].in_use == 2
         assert all(pools[n].ready >= 1 for n in ("python", "busybox")), "the pools did not refill"
         survivors = names & before
-        assert len(survivors) == 2, f"only the two adopted sandboxes may be left of the first run: {survivors}"
+        assert len(survivors) == 3, f"only the three adopted sandboxes may be left of the first run: {survivors}"
         assert all(c.state == "running" for c in owned)
         assert {c.labels[LABEL_POOL] for c in owned if c.name in survivors} == {"python", "busybox"}
 
         assert await client.close_session(py.id)
         assert await client.close_session(box.id)
+        assert await client.close_session(late.id)
     assert await docker_runtime.list_containers({LABEL_OWNER: node}) == []
 
     # The events tell the story: the adopted session goes on above its reserved block, the lost
@@ -229,7 +239,8 @@ async def test_sigkilled_daemon_restarts_and_readopts_its_sessions(
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         timeline = agg.store.timeline(py.id)
-        if timeline and timeline[-1]["type"] == "closed" and agg.store.timeline(doomed.id)[-1:]:
+        late_closed = [e["type"] for e in agg.store.timeline(late.id)[-1:]] == ["closed"]
+        if timeline and timeline[-1]["type"] == "closed" and agg.store.timeline(doomed.id)[-1:] and late_closed:
             break
         await asyncio.sleep(0.2)
     types = [e["type"] for e in timeline]
@@ -238,6 +249,13 @@ async def test_sigkilled_daemon_restarts_and_readopts_its_sessions(
     assert adopted["seq"] == adopted["data"]["unused_seq_window"][1] + 1
     # Every answered step counted across the crash: 3 before it (the one cut by it is not), 5 after.
     assert timeline[-1]["data"]["steps"] == 8 == types.count("step"), timeline[-1]["data"]
+    # The session answered while NATS stalled: its `created` event, published again from the
+    # journal by the next life, comes first.
+    late_timeline = agg.store.timeline(late.id)
+    late_types = [(e["type"], e["seq"]) for e in late_timeline]
+    assert late_types[:2] == [("created", 1), ("adopted", late_timeline[1]["seq"])], late_types
+    assert late_timeline[0]["data"]["container"] == late_timeline[1]["data"]["container"]
+    assert late_types[-1][0] == "closed", late_types
     lost = agg.store.timeline(doomed.id)[-1]
     assert lost["type"] == "failed" and "lost when the daemon restarted" in lost["data"]["reason"]
     integrity = agg.store.integrity()

@@ -297,3 +297,53 @@ async def test_recovery_readopts_live_sessions_and_buries_the_rest(tmp_path: Pat
     await asyncio.sleep(0.05)
     await journal2.close()
     assert not SessionJournal.opened(path, "n1").load()  # closed sessions leave no row
+
+
+async def test_a_journalled_create_answers_before_jetstream_and_a_next_life_publishes_its_created_event(
+    tmp_path: Path,
+) -> None:
+    """CreateSession does not wait for JetStream when the journal row (durable before the hand-out)
+    holds the `created` event: the next life publishes it again unless the row says it was acked."""
+    path = tmp_path / "j.sqlite3"
+    journal = SessionJournal.opened(path, "n1")
+    events = FakePublisher()
+    m, _ = manager(journal=journal, events=events, events_confirm_timeout=5.0)
+    acked = await m.create(SessionOptions(pool="default"))
+    await m.exec(acked.id, shell("true"))  # its `created` acknowledged, journalled as emitted
+    events.acks = False  # now JetStream stops answering
+    started = asyncio.get_running_loop().time()
+    kept = await m.create(SessionOptions(pool="default", labels={"run": "r"}))
+    gone = await m.create(SessionOptions(pool="default"))
+    assert asyncio.get_running_loop().time() - started < 1.0 and m.recorder.unconfirmed_total == 0
+    first = {e.session: e for e in events.events if e.type == "created"}
+    await journal.close()  # the daemon dies here
+
+    journal2 = SessionJournal.opened(path, "n1")
+    events2 = FakePublisher()
+    m2, pool2 = manager(journal=journal2, events=events2)
+    assert kept.sandbox is not None and acked.sandbox is not None
+    pool2.adoptable = {kept.sandbox.name, acked.sandbox.name}
+    assert await m2.recover({kept.sandbox.name: "running", acked.sandbox.name: "running"}) == (2, 1)
+    assert [kind for _, kind in events2.of(acked.id)] == ["adopted"]  # acknowledged: not again
+    for s, last in ((kept, "adopted"), (gone, "failed")):
+        assert [kind for _, kind in events2.of(s.id)] == ["created", last] and events2.of(s.id)[0][0] == 1
+        again = next(e for e in events2.events if e.session == s.id and e.type == "created")
+        assert again.data == first[s.id].data and again.labels == first[s.id].labels
+    await m2.close_all("test over")
+    await asyncio.sleep(0.05)
+    await journal2.close()
+
+
+async def test_a_create_whose_journal_row_failed_waits_for_jetstream(tmp_path: Path) -> None:
+    journal = SessionJournal.opened(tmp_path / "j.sqlite3", "n1")
+
+    def failing(*args: object) -> None:
+        raise OSError("disk full")
+
+    journal._apply = failing  # type: ignore[method-assign]
+    events = FakePublisher(acks=False)
+    m, _ = manager(journal=journal, events=events, events_confirm_timeout=0.05)
+    await m.create(SessionOptions(pool="default"))
+    assert journal.write_errors >= 1 and m.recorder.unconfirmed_total == 1  # it waited (to the bound)
+    await m.close_all("test over")
+    await journal.close()

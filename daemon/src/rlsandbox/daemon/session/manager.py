@@ -260,7 +260,7 @@ class SessionManager:
             self.metrics.create_seconds.labels(pool.name, source).observe(time.perf_counter() - started)
         log.info("session ready on %s", session.sandbox.name, extra={"session": session.id, "pool": pool.name})
         self.recorder.created(session)
-        await self.recorder.confirm(session)
+        await self.recorder.confirm_created(session)
         return session
 
     async def recover(self, containers: Mapping[str, str], *, concurrency: int = 32) -> tuple[int, int]:

@@ -27,6 +27,7 @@ from rlsandbox.daemon.model import ExecRequest, ExecResult
 from rlsandbox.daemon.session.state import Session, SessionState
 
 log = logging.getLogger(__name__)
+CREATED_EVENT = "created_event"  # the journal row's copy of the session's ``created`` event data
 MAX_TESTS = 500  # per-test outcomes in a reward event (the event is cut to 256 KiB anyway)
 
 JOURNAL_WAIT = 1.0  # seconds a step waits at most for its journal row (a stalled disk costs that, not an error)
@@ -74,6 +75,7 @@ class Recorder:
         if self.journal is None or session.sandbox is None:
             return
         session.seq_reserved = session.event_seq + SEQ_BLOCK
+        failures = self.journal.write_errors
         await self.journal.record(
             JournalEntry(
                 session=session.id,
@@ -83,7 +85,7 @@ class Recorder:
                 transport=session.sandbox.transport,
                 runtime=session.sandbox.runtime,
                 image=session.sandbox.image,
-                options=session.options.journal_form(),
+                options={**session.options.journal_form(), CREATED_EVENT: self._created_data(session)},
                 task_spec=session.options.task.spec_json() if session.options.task is not None else None,
                 task_tar=session.options.task.workspace_tar if session.options.task is not None else b"",
                 created_at=session.created_at,
@@ -95,6 +97,7 @@ class Recorder:
             )
         )
         session.seq_durable = session.seq_reserved
+        session.created_journaled = self.journal.write_errors == failures
 
     def forget(self, session_id: str) -> None:
         """The session is ending: its row goes (a restart must not re-adopt it)."""
@@ -111,12 +114,14 @@ class Recorder:
             )
             session.seq_durable = session.seq_reserved
         assert session.sandbox is not None
+        self._created_again(entry)
         data = {"container": session.sandbox.name, "transport": session.sandbox.transport, "unused_seq_window": window(entry)}
         self.emit(session, ev.ADOPTED, data)
 
     def lost(self, entry: JournalEntry, reason: str) -> None:
         """A journalled session that cannot be re-adopted: its row goes, a ``failed`` event says why."""
         self.forget(entry.session)
+        self._created_again(entry)
         if self.events is not None:
             labels = dict(entry.options.get("labels", {}))
             data = {"reason": reason, "steps": entry.steps, "unused_seq_window": window(entry)}
@@ -186,6 +191,26 @@ class Recorder:
             if self.journal is not None and session.state is SessionState.READY:
                 self.journal.progress(sid, seq_reserved=session.seq_reserved, emitted=seq, steps=session.steps)
 
+    def _created_again(self, entry: JournalEntry) -> None:
+        """The ``created`` event of a session an earlier life answered CreateSession for without
+        waiting for JetStream (:meth:`confirm_created`), published again from its journal row
+        unless the row says it was acknowledged. If it was published after all, its message id
+        (``<session>:1``) makes this copy a duplicate the stream and the aggregator drop."""
+        data = entry.options.get(CREATED_EVENT)
+        if self.events is None or entry.emitted >= 1 or not isinstance(data, dict):
+            return
+        labels = dict(entry.options.get("labels", {}))
+        self.events.emit(ev.Event(ev.CREATED, self.node_id, entry.session, 1, dict(data), labels, ts=entry.created_at))
+
+    async def confirm_created(self, session: Session) -> None:
+        """CreateSession's wait for its events: none when the session's only event is ``created``
+        and its journal row, durable before the hand-out, holds that event (a next life publishes
+        it again: :meth:`_created_again`). Otherwise, as any call (:meth:`confirm`). A burst of
+        hand-outs then never waits for a JetStream round trip (docs/events.md)."""
+        if session.created_journaled and session.event_seq == 1:
+            return
+        await self.confirm(session)
+
     async def confirm(self, session: Session) -> None:
         """Wait (at most ``confirm_timeout``) until the session's events so far are durable, so that
         what a caller was told cannot be missing from the events after a crash. A stalled NATS
@@ -204,6 +229,10 @@ class Recorder:
 
     # -- what each lifecycle change records -----------------------------------------------------
     def created(self, session: Session) -> None:
+        self.emit(session, ev.CREATED, self._created_data(session))
+
+    def _created_data(self, session: Session) -> dict[str, Any]:
+        """The ``created`` event's data; the journal row keeps a copy (:meth:`_created_again`)."""
         assert session.sandbox is not None
         task = session.options.task
         data = {
@@ -216,7 +245,10 @@ class Recorder:
         }
         if session.options.forked_from:
             data["forked_from"] = session.options.forked_from
-        self.emit(session, ev.CREATED, data)
+        trace = context_field("trace")
+        if trace:
+            data["trace"] = trace
+        return data
 
     async def stepped(self, session: Session, req: ExecRequest, result: ExecResult, seq: int) -> None:
         """A step ran: its event, the journal's step count, and both durable before the answer."""

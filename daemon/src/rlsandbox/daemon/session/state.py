@@ -137,6 +137,7 @@ class Session:
         # Event numbering, kept by the recorder (session/recorder.py).
         self.event_seq = 0  # events emitted for this session (numbered from 1, no holes)
         self.seq_reserved = 0  # event numbers up to here are reserved in the journal
+        self.created_journaled = False  # the journal row holds the ``created`` event (recorder.py)
         self.seq_durable = 0  # ... and up to here durably so: events numbered above it wait
         self.held: list[ev.Event] = []
         self.awaiting_reservation = False
