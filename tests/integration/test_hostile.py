@@ -149,6 +149,31 @@ async def test_sandbox_oom_killed_as_a_whole_is_aborted_and_told_apart(node: Nod
     await assert_node_healthy(node, hc)
 
 
+async def test_an_oom_kill_because_the_host_ran_out_of_memory_is_the_nodes_doing(node: NodeDaemon, hc: AsyncClient) -> None:
+    """The same kill as above, but the kernel's log says the host's memory ran out (its OOM-kill
+    summary line for the container, written to the real /dev/kmsg the daemon follows: a host-wide
+    OOM cannot be caused safely on a test machine). The engine says OOMKilled for both; only a
+    kill at the sandbox's own limit is the episode's doing. This one is the node's: no fault, so a
+    trainer masks it instead of teaching the policy that its episode failed."""
+    assert node.factory.oom.watching, "the daemon does not follow the kernel's log"
+    s = await hc.create_session("tiny")
+    sandbox = node.sessions.get(s.id).sandbox
+    assert sandbox is not None and sandbox.container_id
+    summary = (
+        "oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,global_oom,"
+        f"task_memcg=/docker/{sandbox.container_id},task=python3,pid=1,uid=0\n"
+    )
+    with open("/dev/kmsg", "w") as kmsg:
+        kmsg.write(summary)
+    with pytest.raises(SandboxAbortedError, match="the host ran out of memory") as died:
+        await s.exec("sleep 20", stdin=b"x" * 60_000_000, timeout=30)
+    assert died.value.fault == ""
+    with pytest.raises(NotFoundError, match="the host ran out of memory") as gone:
+        await hc.get_session(s.id)
+    assert gone.value.fault == ""
+    await assert_node_healthy(node, hc)
+
+
 @pytest.mark.parametrize("first", ["grade", "step"])
 async def test_a_sandbox_its_episode_killed_scores_reward_0_never_an_infra_error(
     node: NodeDaemon, hc: AsyncClient, first: str
@@ -324,6 +349,34 @@ async def test_a_clean_room_the_episodes_code_fills_with_memory_grades_0_not_inf
 
 
 # Run by a root episode: every way into the agent (PID 1) a process of the same uid has without
+async def test_a_clean_room_test_run_hit_by_a_host_wide_oom_kill_is_an_infra_error(node: NodeDaemon, hc: AsyncClient) -> None:
+    """While the tests run in the clean room, the kernel's log says the host's memory ran out and
+    a process of the room was killed (the summary line written to the real /dev/kmsg: see the
+    test above). That run says nothing of the agent's work: an infra error, masked, never a 0."""
+    textkit = load_tasks(TEXTKIT)[0]
+    task = Task(textkit.spec.model_copy(update={"pool": "tiny"}), textkit.workspace_tar)
+    async with hc.session(task=task) as s:
+        core = (await s.read_files(["src/textkit/core.py"]))["src/textkit/core.py"].data.decode()
+        await s.write_files({"src/textkit/core.py": "import time\ntime.sleep(3)\n" + core})  # a slow import
+        mine = node.sessions.get(s.id).sandbox
+        grading = asyncio.create_task(s.grade())
+        deadline = time.monotonic() + 30
+        room = None
+        while room is None and time.monotonic() < deadline and not grading.done():
+            room = next((x for x in node.pools["tiny"]._leased if x is not mine), None)
+            await asyncio.sleep(0.05)
+        assert room is not None and room.container_id, "no clean room was taken"
+        await asyncio.sleep(1.0)  # into the test run
+        with open("/dev/kmsg", "w") as kmsg:
+            kmsg.write(
+                f"oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),global_oom,task_memcg=/docker/{room.container_id},task=python3,pid=7,uid=0\n"
+            )
+        grade = await grading
+    assert grade.status == "infra_error" and grade.reward is None, (grade.status, grade.message)
+    assert "the host ran out of memory during the test run" in grade.message, grade.message
+    await assert_node_healthy(node, hc)
+
+
 # CAP_SYS_PTRACE. Through any of them it could make the agent report anything: in a clean room,
 # where the code under test runs as root, a passing test run.
 REACH_THE_AGENT = r"""

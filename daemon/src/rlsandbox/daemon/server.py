@@ -257,6 +257,8 @@ class NodeDaemon:
             self.server, self.unix_server = servers[0], servers[1] if len(servers) > 1 else None
             if self.events is not None:
                 await self.events.start()  # publishes what recovery emitted, too
+            self.factory.oom.start()
+            undo.callback(self.factory.oom.stop)
             undo.push_async_callback(self.background.aclose)
             for pool in self.pools.values():
                 self.background.spawn(pool.run(), f"pool-{pool.name}")
@@ -458,6 +460,7 @@ class NodeDaemon:
             log.warning("shutdown: removing sandboxes took over %.0f s; the rest go at the next start", cleanup)
         self.reconciler.stop()
         self.disk_guard.stop()
+        self.factory.oom.stop()
         self._stopped.set()
         stuck = await self.background.aclose()
         if stuck:

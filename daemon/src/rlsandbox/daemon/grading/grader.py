@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from rlsandbox.daemon import tracing
-from rlsandbox.daemon.errors import ArchiveCutShort, FailedPrecondition, FileTooLarge, SandboxError
+from rlsandbox.daemon.errors import ArchiveCutShort, FailedPrecondition, FileTooLarge, SandboxDied, SandboxError
 from rlsandbox.daemon.grading.guard import (
     GUARD_SOURCE,
     PYTEST_FORMATS,
@@ -197,6 +197,7 @@ class Grader:
                 if planned.tar:  # nothing of the agent's has run in the room: its own tar extracts
                     await self.workspaces.put(room, ws, planned.tar, fresh=True)
             changed = [posixpath.join(ws, p) for p, e in changes.writes.items() if e.type == "file" and p not in patch_targets]
+            evaluated = time.monotonic()
             try:
                 result = await self._evaluate(room, task, facts=facts, changed=changed, detected=planned.findings)
             except SandboxError:
@@ -207,6 +208,12 @@ class Grader:
                 if not whose:
                     raise
                 return episodes_mess(f"the clean room died of the episode's code: {cause}")
+            if pool.host_oom_killed(room, evaluated):
+                # A test process killed because the host ran out of memory: the run says nothing
+                # of the agent's work (an infra error, masked).
+                raise SandboxDied(
+                    "the host ran out of memory during the test run: the kernel's OOM killer killed a process of the clean room"
+                )
             result.tampering = changes.discarded + result.tampering
             if mine.skipped:
                 result.tampering.append(f"{len(mine.skipped)} device, fifo or socket file(s) not copied")

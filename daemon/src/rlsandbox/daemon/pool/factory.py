@@ -17,6 +17,8 @@ from rlsandbox.daemon.agent.socket_transport import AgentListener, accept_agent,
 from rlsandbox.daemon.errors import SandboxDied, SandboxError
 from rlsandbox.daemon.journal import JournalEntry
 from rlsandbox.daemon.model import AgentMode, ExecRequest
+from rlsandbox.daemon.pool import oom
+from rlsandbox.daemon.pool.oom import OomWatch
 from rlsandbox.daemon.pool.spec import PoolSpec
 from rlsandbox.daemon.runtime.container import AGENT_SOCKET, container_config
 from rlsandbox.daemon.runtime.docker import (
@@ -91,6 +93,8 @@ class SandboxFactory:
         self.unremoved: dict[str, str] = {}
         # Container id -> why the node ended it for its episode's doing (pool/disk.py), until asked.
         self.faults: dict[str, str] = {}
+        # Host-wide OOM kills by container, from the kernel's log (started with the node).
+        self.oom = OomWatch()
         self.remove_failures_total = 0
         self._remove_slots = asyncio.Semaphore(remove_concurrency)
 
@@ -243,7 +247,8 @@ class SandboxFactory:
 
     async def death_cause(self, sandbox: Sandbox, wait: float = 2.0) -> tuple[str, str]:
         """Why a sandbox stopped answering, as the engine saw it: (what to tell the caller, whose
-        doing: "oom" for an OOM kill at its memory limit, "disk" for the disk guard's kill,
+        doing: "oom" for an OOM kill at its memory limit (a kill because the host ran out of
+        memory is the node's: pool/oom.py), "disk" for the disk guard's kill,
         "tamper" for its agent's keyed stream written to or read from inside the sandbox, all
         the episode's; "" for anything else, the node's).
 
@@ -276,6 +281,10 @@ class SandboxFactory:
             except SandboxError:
                 break
             state = info.get("State") or {}
+        self.oom.drain()
+        if self.oom.host_killed(sandbox.container_id, since=time.monotonic() - oom.RECENT):
+            # The node's doing, not the episode's: memory it was promised was not there.
+            return "the host ran out of memory and the kernel's OOM killer killed a process of it (not at its own limit)", ""
         if state.get("OOMKilled"):
             limit = (info.get("HostConfig") or {}).get("Memory") or 0
             return f"out of memory: the kernel OOM-killed it at its memory limit of {limit >> 20} MB", "oom"
