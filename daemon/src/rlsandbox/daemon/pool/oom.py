@@ -107,7 +107,7 @@ class OomWatch:
         self.host_kills_total += 1
         log.warning(
             "the host ran out of memory: the kernel's OOM killer killed a process of container %s; "
-            "keep the pools' memory_mb x max_total within the host's memory",
+            "its sandboxes use more memory than it has: lower the pools' max_total or memory_mb",
             container[:12],
         )
         kills = self.host_kills.pop(container, [])
