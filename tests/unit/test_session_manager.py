@@ -347,3 +347,27 @@ async def test_a_create_whose_journal_row_failed_waits_for_jetstream(tmp_path: P
     assert journal.write_errors >= 1 and m.recorder.unconfirmed_total == 1  # it waited (to the bound)
     await m.close_all("test over")
     await journal.close()
+
+
+async def test_a_session_ending_before_its_created_event_is_durable_waits_for_it_before_its_row_goes(
+    tmp_path: Path,
+) -> None:
+    """The journal row is the only durable copy of an unacknowledged `created` event: closing the
+    session (its row deleted) waits for the event first, or a crash right after the close would
+    lose the event of an answered CreateSession."""
+    path = tmp_path / "j.sqlite3"
+    journal = SessionJournal.opened(path, "n1")
+    events = FakePublisher(acks=False)
+    m, _ = manager(journal=journal, events=events, events_confirm_timeout=5.0)
+    s = await m.create(SessionOptions(pool="default"))
+    closing = asyncio.create_task(m.close(s.id))
+    await asyncio.sleep(0.1)
+    assert not closing.done()  # waiting for JetStream ...
+    reader = SessionJournal.opened(path, "n1")
+    assert [e.session for e in reader.load()] == [s.id]  # ... with the row kept
+    await reader.close()
+    events.acks = True
+    events.flush_soon()
+    assert await asyncio.wait_for(closing, 2) is True
+    assert m.recorder.unconfirmed_total == 0
+    await journal.close()

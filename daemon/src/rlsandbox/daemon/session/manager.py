@@ -340,6 +340,7 @@ class SessionManager:
         if session.state in ENDED:
             return False
         session.transition(SessionState.CLOSING)
+        await self.recorder.before_forget(session)
         self.recorder.forget(session.id)
         if session.sandbox is not None:  # destroyed or recycled behind the answer
             session.pool.release(session.sandbox, reason, reuse=True)
@@ -367,6 +368,7 @@ class SessionManager:
 
     async def _die(self, session: Session, detail: str) -> str:
         session.transition(SessionState.FAILED)
+        await self.recorder.before_forget(session)  # while the session is still known to the recorder
         self.recorder.forget(session.id)
         self._bury(session, f"sandbox died: {detail}", dying=True)  # until the engine says more
         cause, whose = await session.pool.death_cause(session.sandbox) if session.sandbox is not None else (detail, "")

@@ -211,6 +211,13 @@ class Recorder:
             return
         await self.confirm(session)
 
+    async def before_forget(self, session: Session) -> None:
+        """A session ends: its journal row is about to go. If the row is still the only durable
+        copy of its ``created`` event (:meth:`confirm_created`), wait for the event first (at most
+        ``confirm_timeout``), or a crash right after would lose an answered call's event."""
+        if session.created_journaled and session.acked_seq < 1:
+            await self.confirm(session)
+
     async def confirm(self, session: Session) -> None:
         """Wait (at most ``confirm_timeout``) until the session's events so far are durable, so that
         what a caller was told cannot be missing from the events after a crash. A stalled NATS
