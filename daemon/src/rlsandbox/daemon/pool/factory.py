@@ -17,8 +17,7 @@ from rlsandbox.daemon.agent.socket_transport import AgentListener, accept_agent,
 from rlsandbox.daemon.errors import SandboxDied, SandboxError
 from rlsandbox.daemon.journal import JournalEntry
 from rlsandbox.daemon.model import AgentMode, ExecRequest
-from rlsandbox.daemon.pool import oom
-from rlsandbox.daemon.pool.oom import OomWatch
+from rlsandbox.daemon.pool.oom import RECENT, OomWatch
 from rlsandbox.daemon.pool.spec import PoolSpec
 from rlsandbox.daemon.runtime.container import AGENT_SOCKET, container_config
 from rlsandbox.daemon.runtime.docker import (
@@ -281,8 +280,7 @@ class SandboxFactory:
             except SandboxError:
                 break
             state = info.get("State") or {}
-        self.oom.drain()
-        if self.oom.host_killed(sandbox.container_id, since=time.monotonic() - oom.RECENT):
+        if self.oom.host_killed(sandbox.container_id, since=time.monotonic() - RECENT):
             # The node's doing, not the episode's: memory it was promised was not there.
             return "the host ran out of memory and the kernel's OOM killer killed a process of it (not at its own limit)", ""
         if state.get("OOMKilled"):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -37,6 +38,8 @@ _CONTAINER = re.compile(r"(?<![0-9a-f])([0-9a-f]{64})(?![0-9a-f])")
 def parse_oom_kill(line: str) -> tuple[str, bool] | None:
     """(container id, whether the host's memory was out) of a kernel OOM-kill summary line whose
     victim was in a container's cgroup; None for any other line."""
+    if "oom-kill:" not in line:  # nearly every line: no regex
+        return None
     m = _SUMMARY.search(line)
     if m is None:
         return None
@@ -53,9 +56,11 @@ class OomWatch:
         self.path = path
         self.host_kills: collections.OrderedDict[str, list[float]] = collections.OrderedDict()
         self.host_kills_total = 0
-        self.watching = False
         self._fd: int | None = None
-        self._partial = b""
+
+    @property
+    def watching(self) -> bool:
+        return self._fd is not None
 
     def start(self) -> None:
         """Follow the kernel's log from now on (nothing older); without it, log why and go on."""
@@ -70,7 +75,6 @@ class OomWatch:
             os.lseek(fd, 0, os.SEEK_END)
         self._fd = fd
         asyncio.get_running_loop().add_reader(fd, self.drain)
-        self.watching = True
 
     def stop(self) -> None:
         if self._fd is not None:
@@ -78,7 +82,6 @@ class OomWatch:
                 asyncio.get_running_loop().remove_reader(self._fd)
             os.close(self._fd)
             self._fd = None
-        self.watching = False
 
     def drain(self) -> None:
         """Take in what the kernel logged since the last look (called when the log is readable,
@@ -89,7 +92,7 @@ class OomWatch:
             except BlockingIOError:
                 return
             except OSError as e:  # EPIPE: records overwritten before they were read; go on
-                if e.errno == 32:
+                if e.errno == errno.EPIPE:
                     continue
                 log.warning("kernel log %s: %s; no longer watching for host OOM kills", self.path, e)
                 self.stop()
@@ -118,7 +121,8 @@ class OomWatch:
 
     def host_killed(self, container_id: str | None, since: float = 0.0) -> bool:
         """Whether the host's OOM killer killed a process of this container at or after ``since``
-        (time.monotonic())."""
+        (time.monotonic()); what the kernel logged until now is read first."""
         if not container_id:
             return False
+        self.drain()
         return any(t >= since for t in self.host_kills.get(container_id, ()))

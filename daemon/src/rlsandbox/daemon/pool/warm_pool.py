@@ -216,7 +216,6 @@ class WarmPool:
     def host_oom_killed(self, sandbox: Sandbox, since: float) -> bool:
         """Whether the host running out of memory (not the sandbox's own limit) cost the sandbox
         a process at or after ``since`` (time.monotonic()): the node's doing (pool/oom.py)."""
-        self._factory.oom.drain()
         return self._factory.oom.host_killed(sandbox.container_id, since)
 
     async def adopt(self, entry: JournalEntry, state: str | None) -> Sandbox:
