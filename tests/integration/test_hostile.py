@@ -149,28 +149,50 @@ async def test_sandbox_oom_killed_as_a_whole_is_aborted_and_told_apart(node: Nod
     await assert_node_healthy(node, hc)
 
 
+def _host_wide_oom_kill_logged(container_id: str) -> None:
+    """The kernel's summary line of an OOM kill because the host ran out of memory, for a process
+    of this container, written to the real /dev/kmsg the daemon follows (a host-wide OOM cannot
+    be caused safely on a test machine)."""
+    with open("/dev/kmsg", "w") as kmsg:
+        kmsg.write(
+            "oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,global_oom,"
+            f"task_memcg=/docker/{container_id},task=python3,pid=1,uid=0\n"
+        )
+
+
 async def test_an_oom_kill_because_the_host_ran_out_of_memory_is_the_nodes_doing(node: NodeDaemon, hc: AsyncClient) -> None:
-    """The same kill as above, but the kernel's log says the host's memory ran out (its OOM-kill
-    summary line for the container, written to the real /dev/kmsg the daemon follows: a host-wide
-    OOM cannot be caused safely on a test machine). The engine says OOMKilled for both; only a
-    kill at the sandbox's own limit is the episode's doing. This one is the node's: no fault, so a
-    trainer masks it instead of teaching the policy that its episode failed."""
+    """The host's OOM killer takes the sandbox's agent (its line in the kernel's log; the kill
+    itself from outside, as the kernel's would be). The engine's OOMKilled is the same for a kill
+    at the sandbox's own limit; only that one is the episode's doing. This one is the node's: no
+    fault, so a trainer masks it instead of teaching the policy that its episode failed."""
     assert node.factory.oom.watching, "the daemon does not follow the kernel's log"
     s = await hc.create_session("tiny")
     sandbox = node.sessions.get(s.id).sandbox
     assert sandbox is not None and sandbox.container_id
-    summary = (
-        "oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,global_oom,"
-        f"task_memcg=/docker/{sandbox.container_id},task=python3,pid=1,uid=0\n"
-    )
-    with open("/dev/kmsg", "w") as kmsg:
-        kmsg.write(summary)
+    running = asyncio.create_task(s.exec("sleep 30", timeout=60))
+    await asyncio.sleep(0.5)
+    _host_wide_oom_kill_logged(sandbox.container_id)
+    await node.runtime.docker.containers.container(sandbox.container_id).kill()
     with pytest.raises(SandboxAbortedError, match="the host ran out of memory") as died:
-        await s.exec("sleep 20", stdin=b"x" * 60_000_000, timeout=30)
+        await running
     assert died.value.fault == ""
     with pytest.raises(NotFoundError, match="the host ran out of memory") as gone:
         await hc.get_session(s.id)
     assert gone.value.fault == ""
+    await assert_node_healthy(node, hc)
+
+
+async def test_an_episode_filling_its_memory_after_a_host_wide_oom_kill_still_scores_0(node: NodeDaemon, hc: AsyncClient) -> None:
+    """A policy's way around a 0: once the host's OOM killer has taken something of its sandbox,
+    kill the sandbox itself (fill its memory past its own limit) and be masked as the node's
+    trouble. The kernel logs that last kill at the sandbox's own limit: it is the episode's."""
+    s = await hc.create_session("tiny")
+    sandbox = node.sessions.get(s.id).sandbox
+    assert sandbox is not None and sandbox.container_id
+    _host_wide_oom_kill_logged(sandbox.container_id)
+    with pytest.raises(SandboxAbortedError, match="out of memory: the kernel OOM-killed it at its memory limit of 48 MB") as died:
+        await s.exec("sleep 20", stdin=b"x" * 60_000_000, timeout=30)
+    assert "out of memory" in died.value.fault
     await assert_node_healthy(node, hc)
 
 
@@ -367,10 +389,7 @@ async def test_a_clean_room_test_run_hit_by_a_host_wide_oom_kill_is_an_infra_err
             await asyncio.sleep(0.05)
         assert room is not None and room.container_id, "no clean room was taken"
         await asyncio.sleep(1.0)  # into the test run
-        with open("/dev/kmsg", "w") as kmsg:
-            kmsg.write(
-                f"oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),global_oom,task_memcg=/docker/{room.container_id},task=python3,pid=7,uid=0\n"
-            )
+        _host_wide_oom_kill_logged(room.container_id)
         grade = await grading
     assert grade.status == "infra_error" and grade.reward is None, (grade.status, grade.message)
     assert "the host ran out of memory during the test run" in grade.message, grade.message

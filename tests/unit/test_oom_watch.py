@@ -62,3 +62,15 @@ async def test_without_the_kernel_log_the_watch_says_so_and_judges_nothing(tmp_p
     watch.start()
     assert not watch.watching and not watch.host_killed(CID)
     watch.stop()
+
+
+def test_a_death_is_the_hosts_only_when_its_last_oom_kill_was() -> None:
+    """An episode that fills its own memory after a host-wide kill hit its sandbox does not get
+    its death put down to the host: the kernel logs that last kill at the sandbox's own limit."""
+    watch = OomWatch()
+    watch.feed(HOST_WIDE)
+    assert watch.died_of_host(CID, since=0.0)
+    watch.feed(AT_ITS_LIMIT)
+    assert not watch.died_of_host(CID, since=0.0) and watch.host_killed(CID, since=0.0)
+    watch.feed(HOST_WIDE)
+    assert watch.died_of_host(CID, since=0.0) and not watch.died_of_host(OTHER, since=0.0)

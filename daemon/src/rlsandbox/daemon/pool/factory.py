@@ -280,7 +280,7 @@ class SandboxFactory:
             except SandboxError:
                 break
             state = info.get("State") or {}
-        if self.oom.host_killed(sandbox.container_id, since=time.monotonic() - RECENT):
+        if self.oom.died_of_host(sandbox.container_id, since=time.monotonic() - RECENT):
             # The node's doing, not the episode's: memory it was promised was not there.
             return "the host ran out of memory and the kernel's OOM killer killed a process of it (not at its own limit)", ""
         if state.get("OOMKilled"):

@@ -12,8 +12,10 @@ one summary line per OOM kill to its log::
 
 ``CONSTRAINT_MEMCG`` is a cgroup's limit; ``CONSTRAINT_NONE`` (and the cpuset and mempolicy
 ones) is the host's memory. The watch follows /dev/kmsg from the moment it starts (root only;
-without it the engine's flag is all there is, as before) and remembers, per container, the host
-OOM kills it saw, bounded.
+without it the engine's flag is all there is, as before) and remembers, per container, the OOM
+kills it saw and which kind each was, bounded. A death is the node's only when the sandbox's last
+OOM kill was the host's: an episode that fills its own memory after a host-wide kill hit it
+(to be masked instead of scored) is still judged by its own limit's kill.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import time
 log = logging.getLogger(__name__)
 KMSG = "/dev/kmsg"
 RECENT = 30.0  # seconds: a death judged this soon after a host OOM kill of the sandbox is put down to it
-REMEMBERED = 4096  # containers whose host OOM kills are kept (the oldest forgotten first)
+REMEMBERED = 4096  # containers whose OOM kills are kept (the oldest forgotten first)
 _SUMMARY = re.compile(r"oom-kill:constraint=(?P<constraint>CONSTRAINT_\w+)\b.*?,task_memcg=(?P<memcg>[^,]*)")
 _CONTAINER = re.compile(r"(?<![0-9a-f])([0-9a-f]{64})(?![0-9a-f])")
 
@@ -54,7 +56,8 @@ class OomWatch:
 
     def __init__(self, path: str = KMSG) -> None:
         self.path = path
-        self.host_kills: collections.OrderedDict[str, list[float]] = collections.OrderedDict()
+        # Container id -> its OOM kills: (time.monotonic(), whether the host's memory was out).
+        self.kills: collections.OrderedDict[str, list[tuple[float, bool]]] = collections.OrderedDict()
         self.host_kills_total = 0
         self._fd: int | None = None
 
@@ -104,25 +107,36 @@ class OomWatch:
     def feed(self, record: str) -> None:
         """One record of the kernel's log (``<prefix>;<message>``, or a bare message)."""
         found = parse_oom_kill(record.split(";", 1)[-1])
-        if found is None or not found[1]:
+        if found is None:
             return
-        container, _ = found
-        self.host_kills_total += 1
-        log.warning(
-            "the host ran out of memory: the kernel's OOM killer killed a process of container %s; "
-            "its sandboxes use more memory than it has: lower the pools' max_total or memory_mb",
-            container[:12],
-        )
-        kills = self.host_kills.pop(container, [])
-        kills.append(time.monotonic())
-        self.host_kills[container] = kills[-16:]
-        while len(self.host_kills) > REMEMBERED:
-            self.host_kills.popitem(last=False)
+        container, host = found
+        if host:
+            self.host_kills_total += 1
+            log.warning(
+                "the host ran out of memory: the kernel's OOM killer killed a process of container %s; "
+                "its sandboxes use more memory than it has: lower the pools' max_total or memory_mb",
+                container[:12],
+            )
+        kills = self.kills.pop(container, [])
+        kills.append((time.monotonic(), host))
+        self.kills[container] = kills[-16:]
+        while len(self.kills) > REMEMBERED:
+            self.kills.popitem(last=False)
 
     def host_killed(self, container_id: str | None, since: float = 0.0) -> bool:
         """Whether the host's OOM killer killed a process of this container at or after ``since``
         (time.monotonic()); what the kernel logged until now is read first."""
+        return any(host for _, host in self._since(container_id, since))
+
+    def died_of_host(self, container_id: str | None, since: float) -> bool:
+        """Whether the last OOM kill of this container at or after ``since`` was the host's: a kill
+        at the container's own limit after a host-wide one (the episode filling its memory once
+        the host had killed something of it) is the episode's doing, not the node's."""
+        kills = self._since(container_id, since)
+        return bool(kills) and kills[-1][1]
+
+    def _since(self, container_id: str | None, since: float) -> list[tuple[float, bool]]:
         if not container_id:
-            return False
+            return []
         self.drain()
-        return any(t >= since for t in self.host_kills.get(container_id, ()))
+        return [k for k in self.kills.get(container_id, ()) if k[0] >= since]
