@@ -74,3 +74,15 @@ def test_a_death_is_the_hosts_only_when_its_last_oom_kill_was() -> None:
     assert not watch.died_of_host(CID, since=0.0) and watch.host_killed(CID, since=0.0)
     watch.feed(HOST_WIDE)
     assert watch.died_of_host(CID, since=0.0) and not watch.died_of_host(OTHER, since=0.0)
+
+
+def test_a_kernel_message_quoting_what_a_sandbox_chose_cannot_forge_a_host_wide_kill() -> None:
+    """The kernel quotes a path a process executed with an empty argv (fs/exec.c, once per boot):
+    a sandbox picks that path, so it could carry a summary line of a host-wide kill of its own
+    container, to have its death masked. Only a message that starts as the kernel's summary counts."""
+    forged = f"oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),task_memcg=/docker/{CID},task=x,pid=1,uid=0"
+    record = f"4,52500,71300000000,-;process 'sh' launched '/tmp/{forged}' with NULL argv: empty string added"
+    assert parse_oom_kill(record.split(";", 1)[1]) is None
+    watch = OomWatch()
+    watch.feed(record)
+    assert not watch.host_killed(CID, since=0.0) and watch.host_kills_total == 0

@@ -39,10 +39,12 @@ _CONTAINER = re.compile(r"(?<![0-9a-f])([0-9a-f]{64})(?![0-9a-f])")
 
 def parse_oom_kill(line: str) -> tuple[str, bool] | None:
     """(container id, whether the host's memory was out) of a kernel OOM-kill summary line whose
-    victim was in a container's cgroup; None for any other line."""
-    if "oom-kill:" not in line:  # nearly every line: no regex
+    victim was in a container's cgroup; None for any other line. Only a message that *starts* so
+    counts: some kernel messages quote what a sandbox chose (a path it executed), and one could
+    otherwise carry a forged summary of a host-wide kill of its own container."""
+    if not line.startswith("oom-kill:"):  # nearly every line: no regex
         return None
-    m = _SUMMARY.search(line)
+    m = _SUMMARY.match(line)
     if m is None:
         return None
     container = _CONTAINER.search(m.group("memcg"))
