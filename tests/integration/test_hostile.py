@@ -510,7 +510,7 @@ async def test_an_images_declared_volume_is_memory_not_the_hosts_disk(images: di
     built = await asyncio.to_thread(subprocess.run, ["docker", "build", "-q", "-t", image, str(tmp_path)], capture_output=True)
     assert built.returncode == 0, built.stderr.decode()
     try:
-        pool = PoolConfig(name="vol", image=image, min_ready=0, max_total=1, memory_mb=128, read_only_root=True)
+        pool = PoolConfig(name="vol", image=image, min_ready=0, max_total=1, memory_mb=128, read_only_root=True, recycle=False)
         async with (
             running_daemon(daemon_config(pools=[pool])) as node,
             AsyncClient(node.address, timeout=60) as client,

@@ -11,7 +11,7 @@ import tarfile
 from collections.abc import AsyncIterator
 
 import pytest
-from helpers import PYTHON, commands_through_a_stop_loop, daemon_config, running_daemon
+from helpers import BUSYBOX, PYTHON, commands_through_a_stop_loop, daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, AsyncSession
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.grading.task import tar_files
@@ -102,6 +102,10 @@ async def node(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
             name="recycled", image=PYTHON, min_ready=1, max_total=1, read_only_root=True, recycle=True, max_reuses=3,
             memory_mb=256, pids=128,
         ),
+        # No ``recycle``: the default ("auto") recycles a pool that qualifies, and only while its
+        # image runs the agent (busybox has no python3).
+        PoolConfig(name="auto", image=PYTHON, min_ready=1, max_total=1, read_only_root=True, memory_mb=128, pids=64),
+        PoolConfig(name="auto-no-agent", image=BUSYBOX, min_ready=1, max_total=1, read_only_root=True, memory_mb=64, pids=64),
     ]  # fmt: skip
     async with running_daemon(daemon_config(pools=pools)) as daemon:
         yield daemon
@@ -152,6 +156,21 @@ async def test_a_sandbox_is_destroyed_after_max_reuses(node: NodeDaemon) -> None
         # max_reuses = 3: one sandbox serves at most 4 episodes (its first and three recycled).
         runs = [len(list(g)) for _, g in __import__("itertools").groupby(seen)]
         assert max(runs) <= 4 and len(set(seen)) >= 2, seen
+
+
+async def test_a_pool_that_qualifies_recycles_by_default_unless_its_image_runs_no_agent(node: NodeDaemon) -> None:
+    async with AsyncClient(node.address, timeout=60) as client:
+        for pool, recycled in (("auto", True), ("auto-no-agent", False)):
+            seen = []
+            for _ in range(3):
+                async with client.session(pool, acquire_timeout=60) as s:
+                    seen.append(await _container(s))
+                    user = (await s.exec("id -u")).stdout
+            # The agent runs the episode's commands as uid 1000; without it they run as root.
+            assert user == (b"1000\n" if recycled else b"0\n"), (pool, user)
+            stats = node.pools[pool].stats()
+            assert (len(set(seen)) == 1) is recycled, (pool, seen)
+            assert (stats.recycled_total >= 2) is recycled and stats.recycle_failures_total == 0, (pool, stats)
 
 
 def notes_task(task_id: str) -> dict[str, object]:

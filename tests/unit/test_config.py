@@ -33,3 +33,21 @@ def test_bad_config_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument) as info:
         load_config(bad)
     assert "max_sessions" in str(info.value) and "unknown_option" in str(info.value) and "name" in str(info.value)
+
+
+def test_a_pool_recycles_by_default_exactly_when_it_qualifies() -> None:
+    qualified = PoolConfig(name="ro", image="x", read_only_root=True)
+    assert qualified.recycles and qualified.spec().recycle and qualified.spec().container.run_as == "1000:1000"
+    for reason, pool in (
+        ("read_only_root", PoolConfig(name="rw", image="x")),
+        ("network", PoolConfig(name="net", image="x", read_only_root=True, network=True)),
+        ("agent", PoolConfig(name="exec", image="x", read_only_root=True, agent="exec")),
+        ("runc", PoolConfig(name="gvisor", image="x", read_only_root=True, runtime="runsc")),
+    ):
+        assert not pool.spec().recycle and pool.spec().container.run_as == "", reason
+        assert any(reason in why for why in pool.recycling_blockers()), reason
+        with pytest.raises(ValueError, match=reason):
+            PoolConfig(name="insist", image="x", **{**pool.model_dump(exclude={"name", "image", "recycle"}), "recycle": True})
+    opted_out = PoolConfig(name="ro", image="x", read_only_root=True, recycle=False)
+    assert not opted_out.spec().recycle and opted_out.spec().container.run_as == ""
+    assert [p.recycles for p in load_config(EXAMPLE).pools] == [False, False]  # the writable defaults

@@ -112,6 +112,18 @@ async def test_a_dead_sandbox_is_never_recycled(made: tuple[WarmPool, FakeFactor
     assert factory.resets == 0 and (sb.name, "closed by client") in factory.destroyed
 
 
+async def test_a_sandbox_without_an_agent_is_destroyed_not_recycled(made: tuple[WarmPool, FakeFactory]) -> None:
+    """A recycling pool with agent = "auto" whose image has no python3 runs its sandboxes over
+    Engine API exec: nothing can prove them clean, so they go."""
+    pool, factory = made
+    sb = await pool.acquire(1)
+    sb.mode = "exec"
+    pool.release(sb, "closed by client", reuse=True)
+    await asyncio.sleep(0.01)
+    assert factory.resets == 0 and (sb.name, "closed by client") in factory.destroyed
+    assert pool.stats().recycle_failures_total == 0
+
+
 async def test_a_hand_off_to_a_waiter_never_creates_past_max_total() -> None:
     """A sandbox handed to a waiting caller is leased at once: before, the moment between the
     hand-off and the caller waking up let a refill see room that was not there."""

@@ -46,26 +46,36 @@ class PoolConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     setup: list[str] = Field(default_factory=list)
     setup_timeout: float = Field(120.0, gt=0)
-    recycle: bool = False
+    # "auto": recycle when the pool qualifies (``recycling_blockers`` is empty).
+    recycle: bool | Literal["auto"] = "auto"
     max_reuses: int = Field(50, ge=1, le=100_000)
     # Clean rooms allowed past max_total when every sandbox is in use (pool/spec.py).
     room_headroom: int = Field(2, ge=0, le=10_000)
 
+    def recycling_blockers(self) -> list[str]:
+        """What keeps this pool's sandboxes from being recycled (docs/RELIABILITY.md,
+        "Recycling"); empty when the pool qualifies. An ``agent = "auto"`` pool qualifies here and
+        is recycled only while its image turns out to run the agent (pool/warm_pool.py)."""
+        return [
+            why
+            for why, broken in (
+                ("read_only_root = true (every writable place must be one the reset wipes)", not self.read_only_root),
+                ("network = false (nothing outside the sandbox may keep state for it)", self.network),
+                ("an agent (agent = exec cannot reset a sandbox)", self.agent == "exec"),
+                ("runtime = runc (the reset is proven for runc sandboxes)", self.runtime != "runc"),
+            )
+            if broken
+        ]
+
+    @property
+    def recycles(self) -> bool:
+        """``recycle`` as it applies: "auto" recycles exactly when the pool qualifies."""
+        return not self.recycling_blockers() if self.recycle == "auto" else self.recycle
+
     @model_validator(mode="after")
     def _recyclable(self) -> PoolConfig:
-        if self.recycle:
-            missing = [
-                why
-                for why, broken in (
-                    ("read_only_root = true (every writable place must be one the reset wipes)", not self.read_only_root),
-                    ("network = false (nothing outside the sandbox may keep state for it)", self.network),
-                    ("an agent (agent = exec cannot reset a sandbox)", self.agent == "exec"),
-                    ("runtime = runc (the reset is proven for runc sandboxes)", self.runtime != "runc"),
-                )
-                if broken
-            ]
-            if missing:
-                raise ValueError(f"pool {self.name}: recycle = true needs " + "; ".join(missing))
+        if self.recycle is True and (missing := self.recycling_blockers()):
+            raise ValueError(f"pool {self.name}: recycle = true needs " + "; ".join(missing))
         return self
 
     def spec(self) -> PoolSpec:
@@ -87,13 +97,13 @@ class PoolConfig(BaseModel):
                 agent=AgentMode(self.agent),
                 read_only_root=self.read_only_root,
                 workspace_mb=self.workspace_mb,
-                run_as=SANDBOX_USER if self.recycle else "",
+                run_as=SANDBOX_USER if self.recycles else "",
             ),
             min_ready=self.min_ready,
             max_total=self.max_total,
             setup=tuple(self.setup),
             setup_timeout=self.setup_timeout,
-            recycle=self.recycle,
+            recycle=self.recycles,
             max_reuses=self.max_reuses,
             room_headroom=self.room_headroom,
         )

@@ -121,6 +121,7 @@ class WarmPool:
         self._destroying = 0  # released sandboxes being removed
         self._recycled_total = 0
         self._recycle_failures = 0
+        self._said_no_agent = False
 
     @property
     def name(self) -> str:
@@ -235,6 +236,17 @@ class WarmPool:
         self._leased.discard(sandbox)
         self._last_activity = time.monotonic()
         recycle = reuse and self.spec.recycle and sandbox.alive and sandbox.reuses < self.spec.max_reuses
+        if recycle and sandbox.mode != "agent":
+            # agent = "auto" on an image without python3: no agent, so no reset to prove it clean.
+            recycle = False
+            if not self._said_no_agent:
+                self._said_no_agent = True
+                log.warning(
+                    "pool %s recycles, but its image %s runs no agent (no python3): its sandboxes are "
+                    "destroyed after each episode, not recycled",
+                    self.name,
+                    sandbox.image,
+                )
         # A room made past max_total (room_headroom) goes: kept, it would be a session's next.
         recycle = recycle and self._total() < self.spec.max_total
         if recycle:
