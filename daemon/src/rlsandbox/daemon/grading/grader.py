@@ -53,7 +53,7 @@ from rlsandbox.daemon.grading.shadowing import PROBE, ImportFacts, interpreters
 from rlsandbox.daemon.grading.task import Task
 from rlsandbox.daemon.grading.workspace import changes_tar, snapshot_from_archive
 from rlsandbox.daemon.model import ExecRequest, ExecResult, FileWrite, MiB
-from rlsandbox.daemon.pool import WarmPool
+from rlsandbox.daemon.pool import EPISODES_DOING, HOST_OOM, WarmPool
 from rlsandbox.daemon.runtime.docker import DockerRuntime
 from rlsandbox.daemon.sandbox import Sandbox
 
@@ -205,7 +205,9 @@ class Grader:
                 # whose disk ran low, or by tampering with its agent's stream): a mess of its own,
                 # never an infra error to mask.
                 cause, whose = await pool.death_cause(room) if not room.alive else ("", "")
-                if not whose:
+                if whose == HOST_OOM:  # the node's doing: an infra error that says so
+                    raise SandboxDied(f"the clean room died during the test run: {cause}") from None
+                if whose not in EPISODES_DOING:
                     raise
                 return episodes_mess(f"the clean room died of the episode's code: {cause}")
             if pool.host_oom_killed(room, evaluated):

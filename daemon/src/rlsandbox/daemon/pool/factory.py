@@ -51,6 +51,11 @@ class SetupFailed(SandboxError):
 
 OOM_EVENT_SETTLE = 1.5  # seconds a SIGKILLed sandbox's OOM event may come after its exit
 
+# What ``death_cause`` calls a death: the episode's doing (its reward is 0, never masked) ...
+EPISODES_DOING = frozenset({"oom", "disk", "tamper"})
+# ... or the node's: "host" (the host ran out of memory), "" (anything else).
+HOST_OOM = "host"
+
 
 def socket_folder_name(container: str) -> str:
     """The name of a sandbox's socket folder under its node's folder (see SandboxFactory.socket_folder)."""
@@ -246,10 +251,10 @@ class SandboxFactory:
 
     async def death_cause(self, sandbox: Sandbox, wait: float = 2.0) -> tuple[str, str]:
         """Why a sandbox stopped answering, as the engine saw it: (what to tell the caller, whose
-        doing: "oom" for an OOM kill at its memory limit (a kill because the host ran out of
-        memory is the node's: pool/oom.py), "disk" for the disk guard's kill,
+        doing: "oom" for an OOM kill at its memory limit, "disk" for the disk guard's kill,
         "tamper" for its agent's keyed stream written to or read from inside the sandbox, all
-        the episode's; "" for anything else, the node's).
+        the episode's (``EPISODES_DOING``); the node's: "host" for a kill because the host ran
+        out of memory (pool/oom.py), "" for anything else).
 
         The agent's stream ends as its container exits, so the engine is given ``wait`` seconds
         to notice before the container counts as still running.
@@ -282,7 +287,8 @@ class SandboxFactory:
             state = info.get("State") or {}
         if self.oom.died_of_host(sandbox.container_id, since=time.monotonic() - RECENT):
             # The node's doing, not the episode's: memory it was promised was not there.
-            return "the host ran out of memory and the kernel's OOM killer killed a process of it (not at its own limit)", ""
+            why = "the host ran out of memory and the kernel's OOM killer killed a process of it (not at its own limit)"
+            return why, HOST_OOM
         if state.get("OOMKilled"):
             limit = (info.get("HostConfig") or {}).get("Memory") or 0
             return f"out of memory: the kernel OOM-killed it at its memory limit of {limit >> 20} MB", "oom"

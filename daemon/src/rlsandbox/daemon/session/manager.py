@@ -29,6 +29,7 @@ from rlsandbox.daemon.grading.task import Task
 from rlsandbox.daemon.journal import SessionJournal
 from rlsandbox.daemon.metrics import Metrics
 from rlsandbox.daemon.model import ExecRequest, ExecResult, FileRead, FileWrite, FileWriteResult
+from rlsandbox.daemon.pool import EPISODES_DOING, HOST_OOM
 from rlsandbox.daemon.sandbox import Sandbox
 from rlsandbox.daemon.session import recovery
 from rlsandbox.daemon.session.fork import Forker, Snapshot
@@ -374,11 +375,12 @@ class SessionManager:
         cause, whose = await session.pool.death_cause(session.sandbox) if session.sandbox is not None else (detail, "")
         # Out of memory at the sandbox's own limit, past its disk budget on a node whose disk ran
         # low, or its agent's stream tampered with: its processes did it, the episode's doing.
-        fault = f"the sandbox died of the episode's own doing: {cause}" if whose else ""
+        fault = f"the sandbox died of the episode's own doing: {cause}" if whose in EPISODES_DOING else ""
         self._bury(session, f"sandbox died: {cause}", fault)
         self.recorder.died(session, cause, detail, whose)
         if self.metrics is not None:
-            kind = {"oom": "oom_killed", "disk": "disk_exceeded", "tamper": "tampered"}.get(whose, "died")
+            kinds = {"oom": "oom_killed", "disk": "disk_exceeded", "tamper": "tampered", HOST_OOM: "host_oom_killed"}
+            kind = kinds.get(whose, "died")
             self.metrics.sandbox_deaths.labels(session.pool.name, kind).inc()
         if session.sandbox is not None:
             session.pool.release(session.sandbox, f"sandbox died: {cause}")

@@ -24,6 +24,7 @@ from rlsandbox.daemon.grading.rewards import GradeResult
 from rlsandbox.daemon.journal import SEQ_BLOCK, JournalEntry, SessionJournal
 from rlsandbox.daemon.logs import context_field
 from rlsandbox.daemon.model import ExecRequest, ExecResult
+from rlsandbox.daemon.pool import HOST_OOM
 from rlsandbox.daemon.session.state import Session, SessionState
 
 log = logging.getLogger(__name__)
@@ -316,9 +317,11 @@ class Recorder:
 
     def died(self, session: Session, cause: str, detail: str, whose: str = "") -> None:
         """The sandbox died; ``whose`` is :meth:`SandboxFactory.death_cause`'s (the episode's doing:
-        "oom", "disk" or "tamper"; "" for the node's)."""
+        "oom", "disk" or "tamper"; the node's: "host" for the host's OOM killer, "" otherwise)."""
         oom = whose == "oom"
-        kind = {"oom": "oom_killed", "disk": "disk_exceeded", "tamper": "tampering"}.get(whose, "sandbox_died")
+        kind = {"oom": "oom_killed", "disk": "disk_exceeded", "tamper": "tampering", HOST_OOM: "host_oom_killed"}.get(
+            whose, "sandbox_died"
+        )
         alert = {"kind": kind, "reason": cause, "detail": detail, "oom_killed": oom}
         self.emit(session, ev.ALERT, alert)
         self.emit(session, ev.FAILED, {"reason": f"sandbox died: {cause}", "steps": session.steps, "oom_killed": oom})
