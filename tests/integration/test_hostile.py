@@ -375,6 +375,23 @@ async def test_a_clean_room_the_episodes_code_fills_with_memory_grades_0_not_inf
     await assert_node_healthy(node, hc)
 
 
+async def test_an_in_place_test_run_hit_by_a_host_wide_oom_kill_is_an_infra_error(node: NodeDaemon, hc: AsyncClient) -> None:
+    """The same for a grade in the session's own sandbox (``mode="in_place"``)."""
+    textkit = load_tasks(TEXTKIT)[0]
+    task = Task(textkit.spec.model_copy(update={"pool": "tiny"}), textkit.workspace_tar)
+    async with hc.session(task=task) as s:
+        core = (await s.read_files(["src/textkit/core.py"]))["src/textkit/core.py"].data.decode()
+        await s.write_files({"src/textkit/core.py": "import time\ntime.sleep(3)\n" + core})  # a slow import
+        mine = node.sessions.get(s.id).sandbox
+        assert mine is not None and mine.container_id
+        grading = asyncio.create_task(s.grade(mode="in_place"))
+        await asyncio.sleep(1.5)  # into the test run
+        _host_wide_oom_kill_logged(mine.container_id)
+        grade = await grading
+    assert grade.status == "infra_error" and grade.reward is None, (grade.status, grade.message)
+    assert "the host ran out of memory during the test run" in grade.message, grade.message
+
+
 # Run by a root episode: every way into the agent (PID 1) a process of the same uid has without
 @pytest.mark.parametrize("room_dies", [False, True], ids=["a-test-process", "the-room"])
 async def test_a_clean_room_test_run_hit_by_a_host_wide_oom_kill_is_an_infra_error(

@@ -210,12 +210,7 @@ class Grader:
                 if whose not in EPISODES_DOING:
                     raise
                 return episodes_mess(f"the clean room died of the episode's code: {cause}")
-            if pool.host_oom_killed(room, evaluated):
-                # A test process killed because the host ran out of memory: the run says nothing
-                # of the agent's work (an infra error, masked).
-                raise SandboxDied(
-                    "the host ran out of memory during the test run: the kernel's OOM killer killed a process of the clean room"
-                )
+            _host_oom_during_run(pool, room, evaluated, "the clean room")
             result.tampering = changes.discarded + result.tampering
             if mine.skipped:
                 result.tampering.append(f"{len(mine.skipped)} device, fifo or socket file(s) not copied")
@@ -276,7 +271,12 @@ class Grader:
             await self.workspaces.put(agent, ws, changes_tar({}, files))
         # The naive baseline on purpose: no guard, no shadowing rules (the agent owns this sandbox's
         # interpreter and site-packages anyway). Tests use it to prove that each attack works.
-        return await self._evaluate(agent, task, facts=None, changed=[], detected=[])
+        evaluated = time.monotonic()
+        result = await self._evaluate(agent, task, facts=None, changed=[], detected=[])
+        pool = self.pools.get(agent.pool)
+        if pool is not None:
+            _host_oom_during_run(pool, agent, evaluated, "the sandbox")
+        return result
 
     async def _archive(self, sandbox: Sandbox, path: str) -> bytes:
         try:
@@ -462,3 +462,10 @@ def _disagreements(output: TestReport, guard: TestReport) -> list[str]:
         if len(out) >= 20:
             break
     return out
+
+
+def _host_oom_during_run(pool: WarmPool, sandbox: Sandbox, since: float, what: str) -> None:
+    """A test process killed because the host ran out of memory (pool/oom.py): the run says
+    nothing of the agent's work, an infra error (masked) whatever it reported."""
+    if pool.host_oom_killed(sandbox, since):
+        raise SandboxDied(f"the host ran out of memory during the test run: the kernel's OOM killer killed a process of {what}")
