@@ -1,7 +1,8 @@
 """The node's disk guard (pool/disk.py) against real sandboxes: once the engine's disk runs low
 (here: a floor above any real free space, so it is always low), a sandbox past its pool's
 disk_mb is ended as its episode's doing, graded reward 0 and never masked; a clean room the
-episode's code fills likewise; a sandbox within its budget is left alone."""
+episode's code fills likewise; a sandbox within its budget is left alone, unless the disk is
+critically low: then the largest holders go, within their budgets too."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ TEXTKIT = Path(__file__).resolve().parent.parent / "fixtures" / "tasks" / "py-te
 @pytest.fixture(scope="module")
 async def node(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
     pools = [PoolConfig(name="disk", image=PYTHON, min_ready=1, max_total=4, disk_mb=64)]
-    config = daemon_config(pools=pools, disk_floor_mb=1 << 40, disk_check_interval=0.5)
+    config = daemon_config(pools=pools, disk_floor_mb=1 << 40, disk_critical_mb=0, disk_check_interval=0.5)
     async with running_daemon(config) as daemon:
         yield daemon
 
@@ -89,3 +90,35 @@ async def test_empty_files_count_against_the_disk_budget(node: NodeDaemon) -> No
             while time.monotonic() - started < 30:
                 await s.exec("sleep 0.2")
         assert "files and folders" in ended.value.fault and "past its pool's disk_mb of 64 MB" in ended.value.fault, ended.value
+
+
+async def test_on_a_critically_low_disk_the_largest_holders_go_even_within_their_budgets(images: dict[str, str]) -> None:
+    """Budgets alone do not keep the disk: sandboxes each within its disk_mb can fill it together.
+    Critically low (here: always, and by more than any sandbox holds), the guard ends every
+    sandbox in use holding at least 1 MB, the largest first, as its episode's doing (reward 0:
+    writing a lot must not buy a masked episode); one holding less is left alone, and so is a
+    ready sandbox holding its pool's setup (its refill would only write it again)."""
+    pools = [
+        PoolConfig(name="disk", image=PYTHON, min_ready=0, max_total=3, disk_mb=512),
+        PoolConfig(
+            name="setup", image=PYTHON, min_ready=1, max_total=1, disk_mb=512, setup=["head -c 4000000 /dev/zero > /root/setup"]
+        ),
+    ]
+    config = daemon_config(pools=pools, disk_floor_mb=1 << 40, disk_critical_mb=1 << 40, disk_check_interval=0.5)
+    async with running_daemon(config) as node, AsyncClient(node.address, timeout=60) as client:
+        await eventually(lambda: _true(node.pools["setup"].stats().ready == 1), 60, "the setup pool's sandbox is ready")
+        small = await client.create_session("disk", acquire_timeout=60)
+        big = await client.create_session("disk", acquire_timeout=60)
+        assert (await small.exec("head -c 100000 /dev/zero > /root/small")).exit_code == 0
+        started = time.monotonic()
+        with pytest.raises((SandboxAbortedError, NotFoundError)) as ended:
+            await big.exec("head -c 40000000 /dev/zero > /root/big")  # 40 MB of its 512
+            while time.monotonic() - started < 30:
+                await big.exec("sleep 0.2")
+        assert "the node's disk was critically low" in ended.value.fault, ended.value
+        assert "within its pool's disk_mb of 512 MB" in str(ended.value), ended.value
+        await asyncio.sleep(1.5)  # the guard looked again
+        assert (await small.exec("echo alive")).stdout == b"alive\n"
+        assert node.disk_guard.killed_total == 1
+        setup = node.pools["setup"].stats()
+        assert setup.ready == 1 and setup.created_total == 1, setup

@@ -162,6 +162,9 @@ class DaemonConfig(BaseModel):
     # Free space on the engine's data-root below which the disk guard ends the sandboxes past
     # their pool's disk_mb (pool/disk.py; 0: no guard), checked every disk_check_interval seconds.
     disk_floor_mb: int = Field(8192, ge=0)
+    # Below this many MB free, the guard also ends the sandboxes holding the most, within their
+    # budgets too, until they would bring the disk back to it (0: never; at most disk_floor_mb).
+    disk_critical_mb: int = Field(4096, ge=0)
     disk_check_interval: float = Field(2.0, gt=0)
     max_waiters_per_pool: int = Field(1024, ge=1)
     create_concurrency: int = Field(4, ge=1, le=64)

@@ -134,7 +134,13 @@ class NodeDaemon:
             forker=Forker(self.runtime, max_bytes=config.max_fork_bytes),
         )
         self.reconciler = Reconciler(self.factory, interval=config.reconcile_interval)
-        self.disk_guard = DiskGuard(self.factory, floor_bytes=config.disk_floor_mb << 20, interval=config.disk_check_interval)
+        self.disk_guard = DiskGuard(
+            self.factory,
+            floor_bytes=config.disk_floor_mb << 20,
+            critical_bytes=config.disk_critical_mb << 20,
+            interval=config.disk_check_interval,
+            in_use=lambda: {cid for pool in self.pools.values() for cid in pool.leased_containers()},
+        )
         self.health = HealthServicer()
         self.docker_ok = False
         self.serving = True

@@ -9,6 +9,13 @@ size (the engine walks the layers: costly, so only then) and SIGKILLs each sandb
 budget, the largest first, telling the factory why: its session ends as the episode's own doing,
 which grades reward 0 and is never masked (docs/GRADING.md), and so does a clean room the
 episode's code filled (grading/grader.py).
+
+Budgets alone do not keep the disk: a pool's ``disk_mb`` times its ``max_total`` is far more
+than a node has, so sandboxes each within budget can fill it together. Below ``critical`` (or
+half the inode share) the guard then also ends the sandboxes holding the most, the largest first,
+until what they hold would bring the disk back to ``critical``: on a disk about to run out, the
+largest holders are the likeliest cause, and the episode's doing as well (reward 0, not masked: a
+policy must not be able to write its way into a masked episode).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rlsandbox.daemon.errors import FileTooLarge, SandboxError
@@ -29,19 +37,35 @@ MiB = 1 << 20
 WARN_EVERY = 60.0  # seconds between warnings of a low disk that no sandbox is to blame for
 INODE_FLOOR = 0.05  # the data-root's inodes free, as a share, below which its disk counts as low
 FILE_COST = 4096  # bytes of a pool's disk_mb each file or folder in a sandbox's layer counts for
+MIN_HOLDING = 1 << 20  # a sandbox holding less is never ended for a critically low disk: it frees nothing
 
 
 class DiskGuard:
     """Args:
     factory: the sandboxes' maker; it learns why the guard killed one (``faults``).
     floor_bytes: free bytes on the engine's data-root below which the guard acts (0: never).
+    critical_bytes: free bytes below which the largest holders are ended even within their
+        budgets (0: never; at most ``floor_bytes``).
+    in_use: the container ids of the sandboxes in use; only those are ended for a critically
+        low disk (a ready sandbox holds its pool's setup, which its refill would write again).
     interval: seconds between looks at the free space.
     path: the engine's data-root as this process sees it (default: asked of the engine).
     """
 
-    def __init__(self, factory: SandboxFactory, *, floor_bytes: int, interval: float, path: str = "") -> None:
+    def __init__(
+        self,
+        factory: SandboxFactory,
+        *,
+        floor_bytes: int,
+        interval: float,
+        path: str = "",
+        critical_bytes: int = 0,
+        in_use: Callable[[], set[str]] = set,
+    ) -> None:
         self._factory = factory
+        self._in_use = in_use
         self.floor = floor_bytes
+        self.critical = min(critical_bytes, floor_bytes)
         self.interval = interval
         self.path = path
         self.killed_total = 0
@@ -64,6 +88,18 @@ class DiskGuard:
             return f"{st.f_favail} files free"
         return None
 
+    def shortfall(self) -> int:
+        """What the data-root lacks to be above ``critical`` again, in the budgets' measure (bytes,
+        FILE_COST per missing inode); 0 when it is not critically low (or cannot be read)."""
+        if not self.critical:
+            return 0
+        try:
+            st = os.statvfs(self.path)
+        except OSError:
+            return 0
+        inodes = int(st.f_files * INODE_FLOOR / 2) - st.f_favail if st.f_files else 0
+        return max(0, self.critical - st.f_bavail * st.f_frsize, inodes * FILE_COST)
+
     async def check(self) -> list[str]:
         """One look; returns the names of the sandboxes it ended."""
         low = self.low()
@@ -73,32 +109,45 @@ class DiskGuard:
         owned = await runtime.list_containers({LABEL_MANAGED: "1", LABEL_OWNER: runtime.owner}, timeout=60, size=True)
         live = {c.id for c in owned}
         self._info = {cid: info for cid, info in self._info.items() if cid in live}
-        over = []
+        held = []
         for c in owned:
             budget = int(c.labels.get(LABEL_DISK) or 0)
             if c.state != "running" or not budget:
                 continue
             files = 0 if c.size_rw > budget else await self._files(c.id, budget)
-            if c.size_rw + files * FILE_COST > budget:
-                over.append((c.size_rw + files * FILE_COST, c, budget, files))
-        killed = []
-        for _, c, budget, files in sorted(over, key=lambda o: -o[0]):
-            kept = f"{c.size_rw // MiB} MB" + (f" in {files} files and folders (each counts {FILE_COST} bytes)" if files else "")
-            why = (
-                f"the episode kept {kept} in its sandbox's file system, past its pool's disk_mb of "
-                f"{budget // MiB} MB, while the node's disk ran low ({low})"
-            )
-            self._factory.faults[c.id] = why  # before the kill: whoever finds it dead asks why
-            if await runtime.kill(c.id):
-                killed.append(c.name)
-                self.killed_total += 1
-                log.warning("disk guard: ended %s: %s", c.name, why)
-            else:
-                self._factory.faults.pop(c.id, None)
-        if not over and time.monotonic() - self._warned > WARN_EVERY:
+            held.append((c.size_rw + files * FILE_COST, c, budget, files))
+        held.sort(key=lambda h: -h[0])
+        killed: list[str] = []
+        freed = 0
+        for holding, c, budget, files in held:
+            if holding > budget:
+                why = f"the episode kept {_kept(c.size_rw, files)} in its sandbox's file system, past its pool's disk_mb of "
+                why += f"{budget // MiB} MB, while the node's disk ran low ({low})"
+                freed += await self._end(c.id, c.name, why, killed, holding)
+        need = self.shortfall()
+        in_use = self._in_use() if need else set()
+        for holding, c, budget, files in held:
+            if freed >= need or holding < MIN_HOLDING:
+                break
+            if holding <= budget and c.id in in_use:
+                why = f"the node's disk was critically low ({low}) and the episode held among the most of it: "
+                why += f"{_kept(c.size_rw, files)} in its sandbox's file system (within its pool's disk_mb of {budget // MiB} MB)"
+                freed += await self._end(c.id, c.name, why, killed, holding)
+        if not killed and time.monotonic() - self._warned > WARN_EVERY:
             self._warned = time.monotonic()
             log.warning("disk guard: %s on %s and no sandbox past its disk_mb", low, self.path)
         return killed
+
+    async def _end(self, container_id: str, name: str, why: str, killed: list[str], holding: int) -> int:
+        """SIGKILL a sandbox as its episode's doing; what it held (0 when it could not be ended)."""
+        self._factory.faults[container_id] = why  # before the kill: whoever finds it dead asks why
+        if not await self._factory.runtime.kill(container_id):
+            self._factory.faults.pop(container_id, None)
+            return 0
+        killed.append(name)
+        self.killed_total += 1
+        log.warning("disk guard: ended %s: %s", name, why)
+        return holding
 
     async def _files(self, container_id: str, budget: int) -> int:
         """Entries the sandbox added or changed in its layer, counted up to what its budget allows
@@ -144,3 +193,7 @@ class DiskGuard:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _kept(size_rw: int, files: int) -> str:
+    return f"{size_rw // MiB} MB" + (f" in {files} files and folders (each counts {FILE_COST} bytes)" if files else "")

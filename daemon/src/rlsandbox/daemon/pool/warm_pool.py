@@ -214,6 +214,10 @@ class WarmPool:
         """Why a sandbox of this pool died: (reason, whose doing); see :meth:`SandboxFactory.death_cause`."""
         return await self._factory.death_cause(sandbox)
 
+    def leased_containers(self) -> set[str]:
+        """The container ids of the sandboxes in use (sessions' and clean rooms')."""
+        return {sb.container_id for sb in self._leased}
+
     def host_oom_killed(self, sandbox: Sandbox, since: float) -> bool:
         """Whether the host running out of memory (not the sandbox's own limit) cost the sandbox
         a process at or after ``since`` (time.monotonic()): the node's doing (pool/oom.py)."""
