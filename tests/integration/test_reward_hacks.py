@@ -161,13 +161,15 @@ async def test_a_workspace_the_episode_keeps_changing_is_read_whole(hclient: Asy
     is over the limit at once (the read stops at its cap), reward 0, never a hang or no reward."""
     async with hclient.session(task=textkit) as s:
         await s.write_files({"src/textkit/core.py": (await core(s)).replace('    return "-".join(words)\n', FIXED)})
-        busy = "nohup sh -c 'while :; do date +%N > churn.txt; done' >/dev/null 2>&1 &"
+        busy = "nohup sh -c 'while :; do date +%N > churn.txt; done' >/dev/null 2>&1 & echo $! > /tmp/churn.pid;"
         setup = f"{busy} echo secret > locked.txt && chmod 000 locked.txt && mkfifo pipe"
         assert (await s.exec(setup)).exit_code == 0
         result = await s.grade()
         assert result.status == "ok" and result.reward == 1.0, (result.message, result.tampering)
         assert any("fifo" in t for t in result.tampering), result.tampering
-        assert (await s.exec("truncate -s 8G sparse.bin")).exit_code == 0
+        # The churn stopped: with it, the engine's stream may end early at churn.txt three times in a
+        # row, before it reaches the sparse file (reward 0 as well, "kept changing": seen on CI).
+        assert (await s.exec("kill $(cat /tmp/churn.pid) && truncate -s 8G sparse.bin")).exit_code == 0
         huge = await s.grade()
     assert huge.status == "ok" and huge.reward == 0.0, huge.message
     assert "over the grading limit" in huge.message
