@@ -166,6 +166,11 @@ class DaemonConfig(BaseModel):
     # budgets too, until they would bring the disk back to it (0: never; at most disk_floor_mb).
     disk_critical_mb: int = Field(4096, ge=0)
     disk_check_interval: float = Field(2.0, gt=0)
+    # The parent cgroup of every sandbox, whose pids.max caps the PIDs of all sandboxes together
+    # (runtime/cgroups.py; a slice under the systemd cgroup driver); "": the engine's default, no cap.
+    cgroup_parent: str = Field("rlsandbox", pattern=r"^[A-Za-z0-9_.-]*$")
+    # That cap: 0, the host's pid_max less a quarter kept for the host; -1, none; else this many.
+    sandbox_pids_max: int = Field(0, ge=-1)
     max_waiters_per_pool: int = Field(1024, ge=1)
     create_concurrency: int = Field(4, ge=1, le=64)
     default_idle_timeout: float = Field(600.0, gt=0)

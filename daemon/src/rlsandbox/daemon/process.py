@@ -31,6 +31,26 @@ def raise_open_files_limit(max_sessions: int) -> int:
     return soft
 
 
+DAEMON_OOM_SCORE_ADJ = -500  # as docker.service sets for dockerd
+
+
+def shield_from_oom_killer(path: str = "/proc/self/oom_score_adj") -> int | None:
+    """A host out of memory: make the kernel's OOM killer take sandboxes' processes (score 0 and
+    up) before the daemon's, whose loss would end every session on the node. Lowers the daemon's
+    ``oom_score_adj`` to -500 (root only; never raises it); returns it, None when unreadable."""
+    try:
+        with open(path) as f:
+            current = int(f.read())
+        if current > DAEMON_OOM_SCORE_ADJ:
+            with open(path, "w") as f:
+                f.write(str(DAEMON_OOM_SCORE_ADJ))
+            current = DAEMON_OOM_SCORE_ADJ
+    except (OSError, ValueError) as e:
+        log.warning("the daemon's OOM score is not lowered (%s): a host out of memory may kill it before sandboxes", e)
+        return None
+    return current
+
+
 def tune_gc() -> None:
     """Freeze what start-up made (modules, grpc, protobuf, pools) out of the collector's way.
 

@@ -43,7 +43,8 @@ from rlsandbox.daemon.pool import CreateLimiter, Reconciler, SandboxFactory, War
 from rlsandbox.daemon.pool.catalog import PoolCatalog, registry_auth
 from rlsandbox.daemon.pool.disk import DiskGuard
 from rlsandbox.daemon.pool.spec import PoolSpec
-from rlsandbox.daemon.process import raise_open_files_limit
+from rlsandbox.daemon.process import raise_open_files_limit, shield_from_oom_killer
+from rlsandbox.daemon.runtime import cgroups
 from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, DockerRuntime
 from rlsandbox.daemon.session import SessionManager
 from rlsandbox.daemon.session.fork import Forker
@@ -212,12 +213,38 @@ class NodeDaemon:
             events=self.events.stats() if self.events is not None else None,
         )
 
+    async def _cap_sandbox_pids(self) -> None:
+        """Every sandbox under one parent cgroup whose pids.max keeps a share of the host's PIDs
+        out of their reach (runtime/cgroups.py)."""
+        try:
+            info = await self.runtime.info()
+        except SandboxError as e:
+            log.warning("sandboxes' PIDs not capped node-wide: the engine did not say its cgroup setup: %s", e)
+            return
+        parent = cgroups.parent_name(self.config.cgroup_parent, str(info.get("CgroupDriver") or "cgroupfs"))
+        version = str(info.get("CgroupVersion") or "1")
+        wanted = self.config.sandbox_pids_max
+        cap = cgroups.default_cap() if wanted == 0 else max(wanted, 0)
+        folder = cgroups.pids_folder(parent, version)
+        try:
+            await asyncio.to_thread(cgroups.cap_pids, folder, cap, version)
+        except OSError as e:
+            log.warning(
+                "sandboxes' PIDs not capped node-wide (%s: %s): fork bombs in many sandboxes at once can take the host's PIDs",
+                folder,
+                e,
+            )
+        else:
+            log.info("sandboxes' PIDs capped at %s node-wide (%s)", cap or "no limit", folder)
+        self.factory.cgroup_parent = parent
+
     async def start(self) -> None:
         """All or nothing: each step that succeeded is undone if a later one fails (uvicorn's
         ``Server.startup`` is the model), so a failed start leaves no socket, task or open file,
         and never destroys a sandbox an earlier life left: re-adopted sessions are only let go
         (their journal rows stay for the next start)."""
         raise_open_files_limit(self.config.max_sessions)
+        shield_from_oom_killer()
         set_node_fields(node=self.config.node_id)
         async with contextlib.AsyncExitStack() as undo:
             if self.config.tracing_otlp_endpoint:
@@ -239,6 +266,8 @@ class NodeDaemon:
                     raise FailedPrecondition(
                         f"cannot put the sandbox agent in agent_host_dir {self.config.agent_host_dir!r}: {e}"
                     ) from None
+            if self.config.cgroup_parent:  # before any sandbox is made
+                await self._cap_sandbox_pids()
             if self.journal is not None:
                 await asyncio.to_thread(self.journal.open)
                 undo.push_async_callback(self.journal.close)

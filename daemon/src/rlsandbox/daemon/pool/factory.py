@@ -99,6 +99,8 @@ class SandboxFactory:
         self.faults: dict[str, str] = {}
         # Host-wide OOM kills by container, from the kernel's log (started with the node).
         self.oom = OomWatch()
+        # The parent cgroup of every sandbox (runtime/cgroups.py; set at the node's start).
+        self.cgroup_parent = ""
         self.remove_failures_total = 0
         self._remove_slots = asyncio.Semaphore(remove_concurrency)
 
@@ -140,6 +142,7 @@ class SandboxFactory:
                 agent_path=self.agent_path,
                 socket_dir=socket_dir,
                 image_volumes=await self.runtime.image_volumes(cspec.image),
+                cgroup_parent=self.cgroup_parent,
             )
             cid = await self.runtime.create_and_start(config, name=name)
             self.live[name] = cid

@@ -32,6 +32,7 @@ def container_config(
     agent_path: Path | None,
     socket_dir: Path | None = None,
     image_volumes: Sequence[str] = (),
+    cgroup_parent: str = "",
 ) -> dict[str, Any]:
     """The create body of a sandbox: hardened (capabilities, no new privileges, limits, no
     network unless asked), and the agent mounted read-only (dialing out through ``socket_dir``,
@@ -50,6 +51,8 @@ def container_config(
         "Runtime": spec.runtime,
         "ReadonlyRootfs": spec.read_only_root,
         "AutoRemove": False,
+        # Under the node's parent cgroup, whose pids.max caps all sandboxes together (runtime/cgroups.py).
+        **({"CgroupParent": cgroup_parent} if cgroup_parent else {}),
         # What reaches PID 1's stdout and stderr (a root episode can write there; the attach
         # transport's frames pass there) is logged by the engine on the host's disk, outside the
         # writable layer: 1 MB at most, the tail kept for a look at a dead agent.

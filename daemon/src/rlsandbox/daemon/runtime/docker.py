@@ -236,10 +236,14 @@ class DockerRuntime:
         async with self._call("version", timeout):
             return dict(await self.docker.version())
 
+    async def info(self, timeout: float = 5.0) -> dict[str, Any]:
+        """The engine's ``GET /info``: its data-root, cgroup driver and version, runtimes."""
+        async with self._call("info", timeout):
+            return dict(await self.docker.system.info())
+
     async def data_root(self, timeout: float = 5.0) -> str:
         """The engine's data-root (where its containers' writable layers live)."""
-        async with self._call("info", timeout):
-            return str((await self.docker.system.info()).get("DockerRootDir") or "")
+        return str((await self.info(timeout)).get("DockerRootDir") or "")
 
     # -- containers -----------------------------------------------------------------------------
     async def create_and_start(self, config: Mapping[str, Any], *, name: str, timeout: float | None = None) -> str:
