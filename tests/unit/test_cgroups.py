@@ -1,6 +1,6 @@
-"""The node-wide PID cap's pure parts (runtime/cgroups.py): where the parent cgroup's pids.max is
-under each cgroup version and driver, and what is written there (a folder standing in for
-/sys/fs/cgroup; the real one is tests/integration/test_node_pids.py's); and the daemon's own OOM
+"""The node-wide caps' pure parts (runtime/cgroups.py): where the parent cgroup's limits are under
+each cgroup version and driver, and what is written there (a folder standing in for
+/sys/fs/cgroup; the real one is tests/integration/test_node_caps.py's); and the daemon's own OOM
 score (process.py)."""
 
 from __future__ import annotations
@@ -17,23 +17,31 @@ def test_the_parent_is_a_slice_under_systemds_driver() -> None:
     assert cgroups.parent_name("mine.slice", "systemd") == "mine.slice"
 
 
-def test_the_pids_knob_is_in_the_pids_hierarchy_or_the_unified_one(tmp_path: Path) -> None:
-    assert cgroups.pids_folder("rlsandbox", "1", tmp_path) == tmp_path / "pids" / "rlsandbox"
-    assert cgroups.pids_folder("rlsandbox.slice", "2", tmp_path) == tmp_path / "rlsandbox.slice"
+def test_the_knobs_are_in_each_controllers_hierarchy_or_the_unified_one(tmp_path: Path) -> None:
+    assert cgroups.knob("/rlsandbox", "1", "pids", tmp_path) == tmp_path / "pids" / "rlsandbox" / "pids.max"
+    assert cgroups.knob("/rlsandbox", "1", "memory", tmp_path) == tmp_path / "memory" / "rlsandbox" / "memory.limit_in_bytes"
+    assert cgroups.knob("rlsandbox.slice", "2", "pids", tmp_path) == tmp_path / "rlsandbox.slice" / "pids.max"
+    assert cgroups.knob("rlsandbox.slice", "2", "memory", tmp_path) == tmp_path / "rlsandbox.slice" / "memory.max"
 
 
-def test_the_cap_is_written_and_v2_turns_the_pids_controller_on(tmp_path: Path) -> None:
-    v1 = cgroups.pids_folder("rlsandbox", "1", tmp_path)
-    cgroups.cap_pids(v1, 300, "1")
-    assert cgroups.read_cap(v1) == "300" and not (v1.parent / "cgroup.subtree_control").exists()
-    v2 = cgroups.pids_folder("rlsandbox", "2", tmp_path / "unified")
-    cgroups.cap_pids(v2, 0, "2")
-    assert cgroups.read_cap(v2) == "max" and (v2.parent / "cgroup.subtree_control").read_text() == "+pids"
+def test_the_caps_are_written_and_v2_turns_the_controllers_on(tmp_path: Path) -> None:
+    pids = cgroups.cap("/rlsandbox", "1", "pids", 300, tmp_path)
+    memory = cgroups.cap("/rlsandbox", "1", "memory", 0, tmp_path)
+    assert cgroups.read(pids) == "300" and cgroups.read(memory) == "-1"
+    assert not list(tmp_path.rglob("cgroup.subtree_control"))
+    unified = tmp_path / "unified"
+    assert cgroups.read(cgroups.cap("/rlsandbox", "2", "pids", 0, unified)) == "max"
+    assert (unified / "cgroup.subtree_control").read_text() == "+pids"
+    assert cgroups.read(cgroups.cap("/rlsandbox", "2", "memory", 1 << 30, unified)) == str(1 << 30)
+    assert (unified / "cgroup.subtree_control").read_text() == "+memory"  # (the kernel keeps both)
 
 
-def test_by_default_the_host_keeps_a_quarter_of_its_pids() -> None:
-    host = cgroups.host_pids()
-    assert host >= 1024 and cgroups.default_cap() == int(host * 0.75)
+def test_by_default_the_host_keeps_a_quarter_of_its_pids_and_a_tenth_of_its_memory() -> None:
+    host, memory = cgroups.host_pids(), cgroups.host_memory()
+    assert host >= 1024 and memory >= 1 << 30
+    caps = cgroups.default_caps()
+    assert caps["pids"] == int(host * 0.75)
+    assert caps["memory"] == memory - max(memory // 10, 2 << 30)
 
 
 def test_an_empty_parent_is_removed_from_every_hierarchy(tmp_path: Path) -> None:

@@ -30,6 +30,18 @@ def test_a_kill_at_the_containers_own_limit_is_told_from_a_host_wide_one() -> No
     assert parse_oom_kill("oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),task_memcg=/user.slice,task=x,pid=1,uid=0") is None
 
 
+def test_a_kill_at_the_sandboxes_parent_cgroups_limit_is_the_nodes() -> None:
+    """All sandboxes together at the memory their parent cgroup may hold (runtime/cgroups.py): a
+    cgroup's limit, but not the victim's own."""
+    parent = f"oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset={CID},mems_allowed=0,oom_memcg=/rlsandbox,"
+    assert parse_oom_kill(parent + f"task_memcg=/rlsandbox/{CID},task=python3,pid=7,uid=1000") == (CID, True)
+    own = f"oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset={CID},mems_allowed=0,oom_memcg=/rlsandbox/{CID},"
+    assert parse_oom_kill(own + f"task_memcg=/rlsandbox/{CID},task=python3,pid=7,uid=1000") == (CID, False)
+    # A task name the sandbox chose (15 bytes at most) cannot stand in for the real oom_memcg.
+    forged = f"oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset={CID},mems_allowed=0,oom_memcg=/docker/{CID},"
+    assert parse_oom_kill(forged + f"task_memcg=/docker/{CID},task=,oom_memcg=/x,pid=7,uid=0") == (CID, False)
+
+
 def test_the_watch_remembers_host_wide_kills_per_container_and_since_when() -> None:
     watch = OomWatch()
     watch.feed(AT_ITS_LIMIT)

@@ -166,11 +166,14 @@ class DaemonConfig(BaseModel):
     # budgets too, until they would bring the disk back to it (0: never; at most disk_floor_mb).
     disk_critical_mb: int = Field(4096, ge=0)
     disk_check_interval: float = Field(2.0, gt=0)
-    # The parent cgroup of every sandbox, whose pids.max caps the PIDs of all sandboxes together
-    # (runtime/cgroups.py; a slice under the systemd cgroup driver); "": the engine's default, no cap.
+    # The parent cgroup of every sandbox, whose limits cap the PIDs and memory of all sandboxes
+    # together (runtime/cgroups.py; a slice under the systemd cgroup driver); "": the engine's
+    # default, no cap.
     cgroup_parent: str = Field("rlsandbox", pattern=r"^[A-Za-z0-9_.-]*$")
-    # That cap: 0, the host's pid_max less a quarter kept for the host; -1, none; else this many.
+    # Those caps: 0, the host's pid_max less a quarter, its memory less a tenth (at least 2 GiB);
+    # -1, none; else this many PIDs, MB.
     sandbox_pids_max: int = Field(0, ge=-1)
+    sandbox_memory_mb: int = Field(0, ge=-1)
     max_waiters_per_pool: int = Field(1024, ge=1)
     create_concurrency: int = Field(4, ge=1, le=64)
     default_idle_timeout: float = Field(600.0, gt=0)

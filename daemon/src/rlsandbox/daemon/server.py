@@ -30,7 +30,7 @@ from rlsandbox.daemon.api.edge import EdgeInterceptor
 from rlsandbox.daemon.api.servicer import SandboxServicer
 from rlsandbox.daemon.background import Background
 from rlsandbox.daemon.cluster import Membership
-from rlsandbox.daemon.config import DaemonConfig, PoolConfig
+from rlsandbox.daemon.config import DaemonConfig, MiB, PoolConfig
 from rlsandbox.daemon.errors import FailedPrecondition, SandboxError, Unavailable
 from rlsandbox.daemon.events.model import HEARTBEAT
 from rlsandbox.daemon.events.publisher import EventPublisher
@@ -213,29 +213,26 @@ class NodeDaemon:
             events=self.events.stats() if self.events is not None else None,
         )
 
-    async def _cap_sandbox_pids(self) -> None:
-        """Every sandbox under one parent cgroup whose pids.max keeps a share of the host's PIDs
-        out of their reach (runtime/cgroups.py)."""
+    async def _cap_sandboxes(self) -> None:
+        """Every sandbox under one parent cgroup whose PID and memory limits keep a share of the
+        host out of their reach (runtime/cgroups.py)."""
         try:
             info = await self.runtime.info()
         except SandboxError as e:
-            log.warning("sandboxes' PIDs not capped node-wide: the engine did not say its cgroup setup: %s", e)
+            log.warning("sandboxes not capped node-wide: the engine did not say its cgroup setup: %s", e)
             return
         parent = cgroups.parent_name(self.config.cgroup_parent, str(info.get("CgroupDriver") or "cgroupfs"))
         version = str(info.get("CgroupVersion") or "1")
-        wanted = self.config.sandbox_pids_max
-        cap = cgroups.default_cap() if wanted == 0 else max(wanted, 0)
-        folder = cgroups.pids_folder(parent, version)
-        try:
-            await asyncio.to_thread(cgroups.cap_pids, folder, cap, version)
-        except OSError as e:
-            log.warning(
-                "sandboxes' PIDs not capped node-wide (%s: %s): fork bombs in many sandboxes at once can take the host's PIDs",
-                folder,
-                e,
-            )
-        else:
-            log.info("sandboxes' PIDs capped at %s node-wide (%s)", cap or "no limit", folder)
+        defaults = cgroups.default_caps()
+        wanted = {"pids": self.config.sandbox_pids_max, "memory": self.config.sandbox_memory_mb * MiB}
+        for controller, value in wanted.items():
+            limit = defaults[controller] if value == 0 else max(value, 0)
+            try:
+                path = await asyncio.to_thread(cgroups.cap, parent, version, controller, limit)
+            except OSError as e:
+                log.warning("sandboxes' %s not capped node-wide (%s): all of them together can take the host's", controller, e)
+            else:
+                log.info("sandboxes' %s capped at %s node-wide (%s)", controller, limit or "no limit", path)
         self.factory.cgroup_parent = parent
 
     async def start(self) -> None:
@@ -267,7 +264,7 @@ class NodeDaemon:
                         f"cannot put the sandbox agent in agent_host_dir {self.config.agent_host_dir!r}: {e}"
                     ) from None
             if self.config.cgroup_parent:  # before any sandbox is made
-                await self._cap_sandbox_pids()
+                await self._cap_sandboxes()
             if self.journal is not None:
                 await asyncio.to_thread(self.journal.open)
                 undo.push_async_callback(self.journal.close)

@@ -53,7 +53,7 @@ OOM_EVENT_SETTLE = 1.5  # seconds a SIGKILLed sandbox's OOM event may come after
 
 # What ``death_cause`` calls a death: the episode's doing (its reward is 0, never masked) ...
 EPISODES_DOING = frozenset({"oom", "disk", "tamper"})
-# ... or the node's: "host" (the host ran out of memory), "" (anything else).
+# ... or the node's: "host" (the host, or all sandboxes together, ran out of memory), "" (anything else).
 HOST_OOM = "host"
 
 
@@ -290,7 +290,7 @@ class SandboxFactory:
             state = info.get("State") or {}
         if self.oom.died_of_host(sandbox.container_id, since=time.monotonic() - RECENT):
             # The node's doing, not the episode's: memory it was promised was not there.
-            why = "the host ran out of memory and the kernel's OOM killer killed a process of it (not at its own limit)"
+            why = "the host ran out of memory for sandboxes and the kernel's OOM killer killed a process of it (not at its limit)"
             return why, HOST_OOM
         if state.get("OOMKilled"):
             limit = (info.get("HostConfig") or {}).get("Memory") or 0

@@ -10,8 +10,10 @@ one summary line per OOM kill to its log::
     oom-kill:constraint=CONSTRAINT_MEMCG,...,oom_memcg=/docker/<id>,task_memcg=/docker/<id>,task=tr,pid=1,uid=0
     oom-kill:constraint=CONSTRAINT_NONE,...,task_memcg=/system.slice/docker-<id>.scope,task=python3,pid=2,uid=0
 
-``CONSTRAINT_MEMCG`` is a cgroup's limit; ``CONSTRAINT_NONE`` (and the cpuset and mempolicy
-ones) is the host's memory. The watch follows /dev/kmsg from the moment it starts (root only;
+``CONSTRAINT_MEMCG`` is a cgroup's limit: the sandbox's own when ``oom_memcg`` is its container's
+cgroup, the node's when it is the parent of every sandbox (runtime/cgroups.py: all sandboxes
+together at the memory they may hold); ``CONSTRAINT_NONE`` (and the cpuset and mempolicy ones) is
+the host's memory. Only the first is the sandbox's doing. The watch follows /dev/kmsg from the moment it starts (root only;
 without it the engine's flag is all there is, as before) and remembers, per container, the OOM
 kills it saw and which kind each was, bounded. A death is the node's only when the sandbox's last
 OOM kill was the host's: an episode that fills its own memory after a host-wide kill hit it
@@ -33,13 +35,16 @@ log = logging.getLogger(__name__)
 KMSG = "/dev/kmsg"
 RECENT = 30.0  # seconds: a death judged this soon after a host OOM kill of the sandbox is put down to it
 REMEMBERED = 4096  # containers whose OOM kills are kept (the oldest forgotten first)
-_SUMMARY = re.compile(r"oom-kill:constraint=(?P<constraint>CONSTRAINT_\w+)\b.*?,task_memcg=(?P<memcg>[^,]*)")
+_SUMMARY = re.compile(
+    r"oom-kill:constraint=(?P<constraint>CONSTRAINT_\w+)\b(?:.*?,oom_memcg=(?P<oom>[^,]*))?.*?,task_memcg=(?P<memcg>[^,]*)"
+)
 _CONTAINER = re.compile(r"(?<![0-9a-f])([0-9a-f]{64})(?![0-9a-f])")
 
 
 def parse_oom_kill(line: str) -> tuple[str, bool] | None:
-    """(container id, whether the host's memory was out) of a kernel OOM-kill summary line whose
-    victim was in a container's cgroup; None for any other line. Only a message that *starts* so
+    """(container id, whether memory beyond the container's own limit was out: the host's, or
+    the sandboxes' parent's) of a kernel OOM-kill summary line whose victim was in a container's
+    cgroup; None for any other line. Only a message that *starts* so
     counts: some kernel messages quote what a sandbox chose (a path it executed), and one could
     otherwise carry a forged summary of a host-wide kill of its own container."""
     if not line.startswith("oom-kill:"):  # nearly every line: no regex
@@ -50,7 +55,8 @@ def parse_oom_kill(line: str) -> tuple[str, bool] | None:
     container = _CONTAINER.search(m.group("memcg"))
     if container is None:
         return None
-    return container.group(1), m.group("constraint") != "CONSTRAINT_MEMCG"
+    own_limit = m.group("constraint") == "CONSTRAINT_MEMCG" and container.group(1) in (m.group("oom") or container.group(1))
+    return container.group(1), not own_limit
 
 
 class OomWatch:
@@ -115,8 +121,8 @@ class OomWatch:
         if host:
             self.host_kills_total += 1
             log.warning(
-                "the host ran out of memory: the kernel's OOM killer killed a process of container %s; "
-                "its sandboxes use more memory than it has: lower the pools' max_total or memory_mb",
+                "the host ran out of memory for sandboxes: the kernel's OOM killer killed a process of container %s; "
+                "its sandboxes use more memory than it has for them: lower the pools' max_total or memory_mb",
                 container[:12],
             )
         kills = self.kills.pop(container, [])
