@@ -221,19 +221,31 @@ class NodeDaemon:
         except SandboxError as e:
             log.warning("sandboxes not capped node-wide: the engine did not say its cgroup setup: %s", e)
             return
-        parent = cgroups.parent_name(self.config.cgroup_parent, str(info.get("CgroupDriver") or "cgroupfs"))
+        driver = str(info.get("CgroupDriver") or "cgroupfs")
+        parent = cgroups.parent_name(self.config.cgroup_parent, driver)
         version = str(info.get("CgroupVersion") or "1")
         defaults = cgroups.default_caps()
         wanted = {"pids": self.config.sandbox_pids_max, "memory": self.config.sandbox_memory_mb * MiB}
-        for controller, value in wanted.items():
-            limit = defaults[controller] if value == 0 else max(value, 0)
+        limits = {c: defaults[c] if v == 0 else max(v, 0) for c, v in wanted.items()}
+        self.factory.cgroup_parent = parent
+        if driver == "systemd":
+            # systemd owns the slice and would put back its own limits: they are the slice's to set.
+            log.warning(
+                "sandboxes go to %s; under the engine's systemd cgroup driver the daemon does not set its limits: "
+                "systemctl set-property %s TasksMax=%s MemoryMax=%s",
+                parent,
+                parent,
+                limits["pids"] or "infinity",
+                limits["memory"] or "infinity",
+            )
+            return
+        for controller, limit in limits.items():
             try:
                 path = await asyncio.to_thread(cgroups.cap, parent, version, controller, limit)
             except OSError as e:
                 log.warning("sandboxes' %s not capped node-wide (%s): all of them together can take the host's", controller, e)
             else:
                 log.info("sandboxes' %s capped at %s node-wide (%s)", controller, limit or "no limit", path)
-        self.factory.cgroup_parent = parent
 
     async def start(self) -> None:
         """All or nothing: each step that succeeded is undone if a later one fails (uvicorn's
