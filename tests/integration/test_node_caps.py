@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import PYTHON, TEST_OWNER, daemon_config, eventually, running_daemon
 from rlsandbox.client import AsyncClient, AsyncSession
 from rlsandbox.daemon.config import PoolConfig
+from rlsandbox.daemon.process import NO_FILE_TABLE_LIMIT
 from rlsandbox.daemon.runtime import cgroups
 from rlsandbox.daemon.server import NodeDaemon
 
@@ -73,6 +75,9 @@ async def test_fork_bombs_in_several_sandboxes_run_out_of_pids_under_the_nodes_c
         health = health_pb2_grpc.HealthStub(client._channel)
         assert (await health.Check(health_pb2.HealthCheckRequest())).status == health_pb2.HealthCheckResponse.SERVING
         assert os.waitpid(os.spawnv(os.P_NOWAIT, "/bin/true", ["true"]), 0)[1] == 0
+        # The host's open-file table: unlimited (the daemon raised it), so a sandbox's open files are
+        # bounded by its memory alone and cannot fill it for the others.
+        assert int(Path("/proc/sys/fs/file-max").read_text()) == NO_FILE_TABLE_LIMIT
         # The first episode's end gives its PIDs back to the others.
         await first.close()
         assert await spawn(second, 150) == 150

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlsandbox.daemon.process import shield_from_oom_killer
+from rlsandbox.daemon.process import NO_FILE_TABLE_LIMIT, lift_host_file_table, shield_from_oom_killer
 from rlsandbox.daemon.runtime import cgroups
 
 
@@ -60,3 +60,11 @@ def test_the_daemon_lowers_its_oom_score_but_never_raises_it(tmp_path: Path) -> 
     knob.write_text("-900\n")
     assert shield_from_oom_killer(str(knob)) == -900 and knob.read_text() == "-900\n"
     assert shield_from_oom_killer(str(tmp_path / "missing")) is None
+
+
+def test_the_hosts_open_file_table_is_made_unlimited_never_lowered(tmp_path: Path) -> None:
+    knob = tmp_path / "file-max"
+    knob.write_text("2466246\n")
+    assert lift_host_file_table(str(knob)) == NO_FILE_TABLE_LIMIT == int(knob.read_text())
+    assert lift_host_file_table(str(knob)) == NO_FILE_TABLE_LIMIT
+    assert lift_host_file_table(str(tmp_path / "missing")) is None

@@ -32,6 +32,32 @@ def raise_open_files_limit(max_sessions: int) -> int:
 
 
 DAEMON_OOM_SCORE_ADJ = -500  # as docker.service sets for dockerd
+NO_FILE_TABLE_LIMIT = (1 << 63) - 1  # fs.file-max as systemd (>= 240) sets it
+
+
+def lift_host_file_table(path: str = "/proc/sys/fs/file-max") -> int | None:
+    """Make the host's table of open files (``fs.file-max``) unlimited, as systemd does, so that
+    each sandbox's open files are bounded by its memory cgroup alone (~250 bytes each, charged
+    to it): with a finite table one sandbox of 1 GB can hold ~4 M open files and leave every
+    other sandbox's open() failing with ENFILE (root, with CAP_SYS_ADMIN, is exempt; the episodes
+    are not). Only raises it; returns it, None when it cannot be read or written."""
+    try:
+        with open(path) as f:
+            current = int(f.read())
+        if current < NO_FILE_TABLE_LIMIT:
+            with open(path, "w") as f:
+                f.write(str(NO_FILE_TABLE_LIMIT))
+            log.info("fs.file-max raised from %d to unlimited: a sandbox's open files are bounded by its memory", current)
+            current = NO_FILE_TABLE_LIMIT
+    except (OSError, ValueError) as e:
+        log.warning(
+            "fs.file-max not raised (%s): one sandbox's open files can fill the host's table and fail other "
+            "sandboxes' opens; set it as systemd does: sysctl -w fs.file-max=%d",
+            e,
+            NO_FILE_TABLE_LIMIT,
+        )
+        return None
+    return current
 
 
 def shield_from_oom_killer(path: str = "/proc/self/oom_score_adj") -> int | None:

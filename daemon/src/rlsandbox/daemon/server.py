@@ -43,7 +43,7 @@ from rlsandbox.daemon.pool import CreateLimiter, Reconciler, SandboxFactory, War
 from rlsandbox.daemon.pool.catalog import PoolCatalog, registry_auth
 from rlsandbox.daemon.pool.disk import DiskGuard
 from rlsandbox.daemon.pool.spec import PoolSpec
-from rlsandbox.daemon.process import raise_open_files_limit, shield_from_oom_killer
+from rlsandbox.daemon.process import lift_host_file_table, raise_open_files_limit, shield_from_oom_killer
 from rlsandbox.daemon.runtime import cgroups
 from rlsandbox.daemon.runtime.docker import LABEL_MANAGED, LABEL_OWNER, DockerRuntime
 from rlsandbox.daemon.session import SessionManager
@@ -254,6 +254,7 @@ class NodeDaemon:
         (their journal rows stay for the next start)."""
         raise_open_files_limit(self.config.max_sessions)
         shield_from_oom_killer()
+        lift_host_file_table()
         set_node_fields(node=self.config.node_id)
         async with contextlib.AsyncExitStack() as undo:
             if self.config.tracing_otlp_endpoint:
