@@ -160,6 +160,18 @@ def _host_wide_oom_kill_logged(container_id: str) -> None:
         )
 
 
+def tiny_textkit() -> Task:
+    """The py-textkit task in the 48 MB pool."""
+    textkit = load_tasks(TEXTKIT)[0]
+    return Task(textkit.spec.model_copy(update={"pool": "tiny"}), textkit.workspace_tar)
+
+
+async def slow_import(s: AsyncSession) -> None:
+    """The agent's textkit takes 3 s to import: a test run long enough to be hit in the middle."""
+    core = (await s.read_files(["src/textkit/core.py"]))["src/textkit/core.py"].data.decode()
+    await s.write_files({"src/textkit/core.py": "import time\ntime.sleep(3)\n" + core})
+
+
 async def test_an_oom_kill_because_the_host_ran_out_of_memory_is_the_nodes_doing(node: NodeDaemon, hc: AsyncClient) -> None:
     """The host's OOM killer takes the sandbox's agent (its line in the kernel's log; the kill
     itself from outside, as the kernel's would be). The engine's OOMKilled is the same for a kill
@@ -210,8 +222,7 @@ async def test_a_sandbox_its_episode_killed_scores_reward_0_never_an_infra_error
     field, trailing metadata rlsandbox-fault), and its grade is reward 0 with the cause as its
     limit, status ok: never an infra error, which a trainer masks (dying would pay better than
     failing). The same whether the grade or a step is the first to meet the death."""
-    textkit = load_tasks(TEXTKIT)[0]
-    task = Task(textkit.spec.model_copy(update={"pool": "tiny"}), textkit.workspace_tar)
+    task = tiny_textkit()
     s = await hc.create_session(task=task)
     filler = "(sleep 0.3; head -c 60000000 /dev/zero > /dev/shm/fill) > /dev/null 2>&1 &"
     assert (await s.exec(filler)).exit_code == 0
@@ -363,8 +374,7 @@ async def test_a_clean_room_the_episodes_code_fills_with_memory_grades_0_not_inf
     room whole (its agent); either way the grade is the episode's 0, never an infra error a
     trainer would mask (a room killed whole says so in limits; test_disk_guard.py pins that
     path down with the disk guard's kill)."""
-    textkit = load_tasks(TEXTKIT)[0]
-    task = Task(textkit.spec.model_copy(update={"pool": "tiny"}), textkit.workspace_tar)
+    task = tiny_textkit()
     async with hc.session(task=task) as s:
         core = (await s.read_files(["src/textkit/core.py"]))["src/textkit/core.py"].data.decode()
         bomb = "import subprocess\nsubprocess.run('head -c 60000000 /dev/zero > /dev/shm/fill', shell=True)\n"
@@ -377,11 +387,9 @@ async def test_a_clean_room_the_episodes_code_fills_with_memory_grades_0_not_inf
 
 async def test_an_in_place_test_run_hit_by_a_host_wide_oom_kill_is_an_infra_error(node: NodeDaemon, hc: AsyncClient) -> None:
     """The same for a grade in the session's own sandbox (``mode="in_place"``)."""
-    textkit = load_tasks(TEXTKIT)[0]
-    task = Task(textkit.spec.model_copy(update={"pool": "tiny"}), textkit.workspace_tar)
+    task = tiny_textkit()
     async with hc.session(task=task) as s:
-        core = (await s.read_files(["src/textkit/core.py"]))["src/textkit/core.py"].data.decode()
-        await s.write_files({"src/textkit/core.py": "import time\ntime.sleep(3)\n" + core})  # a slow import
+        await slow_import(s)
         mine = node.sessions.get(s.id).sandbox
         assert mine is not None and mine.container_id
         grading = asyncio.create_task(s.grade(mode="in_place"))
@@ -392,7 +400,6 @@ async def test_an_in_place_test_run_hit_by_a_host_wide_oom_kill_is_an_infra_erro
     assert "the host ran out of memory during the test run" in grade.message, grade.message
 
 
-# Run by a root episode: every way into the agent (PID 1) a process of the same uid has without
 @pytest.mark.parametrize("room_dies", [False, True], ids=["a-test-process", "the-room"])
 async def test_a_clean_room_test_run_hit_by_a_host_wide_oom_kill_is_an_infra_error(
     node: NodeDaemon, hc: AsyncClient, room_dies: bool
@@ -401,11 +408,9 @@ async def test_a_clean_room_test_run_hit_by_a_host_wide_oom_kill_is_an_infra_err
     a process of the room was killed (the summary line written to the real /dev/kmsg: see the
     test above); or the kill took the room's agent, and the room with it. That run says nothing
     of the agent's work: an infra error, masked, never a 0."""
-    textkit = load_tasks(TEXTKIT)[0]
-    task = Task(textkit.spec.model_copy(update={"pool": "tiny"}), textkit.workspace_tar)
+    task = tiny_textkit()
     async with hc.session(task=task) as s:
-        core = (await s.read_files(["src/textkit/core.py"]))["src/textkit/core.py"].data.decode()
-        await s.write_files({"src/textkit/core.py": "import time\ntime.sleep(3)\n" + core})  # a slow import
+        await slow_import(s)
         mine = node.sessions.get(s.id).sandbox
         grading = asyncio.create_task(s.grade())
         deadline = time.monotonic() + 30
@@ -424,6 +429,7 @@ async def test_a_clean_room_test_run_hit_by_a_host_wide_oom_kill_is_an_infra_err
     await assert_node_healthy(node, hc)
 
 
+# Run by a root episode: every way into the agent (PID 1) a process of the same uid has without
 # CAP_SYS_PTRACE. Through any of them it could make the agent report anything: in a clean room,
 # where the code under test runs as root, a passing test run.
 REACH_THE_AGENT = r"""

@@ -77,9 +77,8 @@ class DiskGuard:
         """What is running low on the data-root ("N MB free", "N files free": its bytes, or its
         inodes, which a sandbox's empty files use up without a byte to show), None when neither
         is or it cannot be read."""
-        try:
-            st = os.statvfs(self.path)
-        except OSError:
+        st = self._statvfs()
+        if st is None:
             return None
         free = st.f_bavail * st.f_frsize
         if free < self.floor:
@@ -91,14 +90,17 @@ class DiskGuard:
     def shortfall(self) -> int:
         """What the data-root lacks to be above ``critical`` again, in the budgets' measure (bytes,
         FILE_COST per missing inode); 0 when it is not critically low (or cannot be read)."""
-        if not self.critical:
-            return 0
-        try:
-            st = os.statvfs(self.path)
-        except OSError:
+        st = self._statvfs() if self.critical else None
+        if st is None:
             return 0
         inodes = int(st.f_files * INODE_FLOOR / 2) - st.f_favail if st.f_files else 0
         return max(0, self.critical - st.f_bavail * st.f_frsize, inodes * FILE_COST)
+
+    def _statvfs(self) -> os.statvfs_result | None:
+        try:
+            return os.statvfs(self.path)
+        except OSError:
+            return None
 
     async def check(self) -> list[str]:
         """One look; returns the names of the sandboxes it ended."""
@@ -175,9 +177,7 @@ class DiskGuard:
             except SandboxError as e:
                 log.warning("disk guard off: the engine did not say where its data-root is: %s", e)
                 return
-        try:
-            os.statvfs(self.path)
-        except OSError:
+        if self._statvfs() is None:
             log.warning("disk guard off: %s (the engine's data-root) cannot be read here", self.path)
             return
         while not self._stop.is_set():
