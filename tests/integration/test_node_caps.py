@@ -42,7 +42,10 @@ print(started)
 
 @pytest.fixture(scope="module")
 async def node(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
-    pools = [PoolConfig(name="bomb", image=PYTHON, min_ready=1, max_total=3, pids=256, memory_mb=256)]
+    pools = [
+        PoolConfig(name="bomb", image=PYTHON, min_ready=1, max_total=3, pids=256, memory_mb=256),
+        PoolConfig(name="huge", image=PYTHON, min_ready=0, max_total=1, memory_mb=512),  # more than the node's cap
+    ]
     config = daemon_config(pools=pools, cgroup_parent=PARENT, sandbox_pids_max=CAP, sandbox_memory_mb=MEMORY_MB)
     try:
         async with running_daemon(config) as daemon:
@@ -117,3 +120,20 @@ async def test_sandboxes_together_past_the_nodes_memory_meet_the_oom_killer_as_t
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_sandbox_allowed_more_than_the_nodes_cap_still_meets_its_own_limit_first(node: NodeDaemon) -> None:
+    """A policy's way around a 0: in a pool whose memory_mb passes the node's cap on all sandboxes
+    (here 512 MB against 300), fill its memory and be OOM-killed at the node's cap, which is the
+    node's doing and masked. A sandbox gets at most 90% of the cap, so it meets its own limit
+    first, and that kill is the episode's."""
+    kills = node.factory.oom.host_kills_total
+    async with AsyncClient(node.address, timeout=60) as client, client.session("huge", acquire_timeout=60) as s:
+        cid = node.sessions.get(s.id).sandbox.container_id  # type: ignore[union-attr]
+        limit = (await node.runtime.inspect(cid))["HostConfig"]["Memory"]
+        assert limit == int((MEMORY_MB << 20) * 0.9), limit
+        run = await s.exec(["python3", "-c", HOLD.replace("180_000_000", "400_000_000"), "0"], timeout=60)
+        assert run.signal == 9, run
+        await eventually(lambda: _true(bool(node.factory.oom.kills.get(cid))), 10, "the kernel's line was read")
+        assert node.factory.oom.kills[cid][-1][1] is False  # at its own limit: the episode's doing
+        assert node.factory.oom.host_kills_total == kills

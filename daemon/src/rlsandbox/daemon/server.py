@@ -246,6 +246,18 @@ class NodeDaemon:
                 log.warning("sandboxes' %s not capped node-wide (%s): all of them together can take the host's", controller, e)
             else:
                 log.info("sandboxes' %s capped at %s node-wide (%s)", controller, limit or "no limit", path)
+                if controller == "memory":
+                    self.factory.memory_ceiling = cgroups.sandbox_ceiling(limit)
+        ceiling = self.factory.memory_ceiling
+        for pool in [*self.config.pools, *self.config.image_pools.templates]:
+            if ceiling and pool.memory_mb * MiB > ceiling:
+                log.warning(
+                    "pool %s: memory_mb %d is past what one sandbox may have under the node's memory cap; "
+                    "its sandboxes get %d MB (raise sandbox_memory_mb, or lower memory_mb)",
+                    pool.name,
+                    pool.memory_mb,
+                    ceiling // MiB,
+                )
 
     async def start(self) -> None:
         """All or nothing: each step that succeeded is undone if a later one fails (uvicorn's

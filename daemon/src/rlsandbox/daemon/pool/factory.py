@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import secrets
@@ -16,7 +17,7 @@ from rlsandbox.daemon.agent.protocol import EXIT_TAMPERED
 from rlsandbox.daemon.agent.socket_transport import AgentListener, accept_agent, prepare_folder, remove_folder
 from rlsandbox.daemon.errors import SandboxDied, SandboxError
 from rlsandbox.daemon.journal import JournalEntry
-from rlsandbox.daemon.model import AgentMode, ExecRequest
+from rlsandbox.daemon.model import AgentMode, ContainerSpec, ExecRequest
 from rlsandbox.daemon.pool.oom import RECENT, OomWatch
 from rlsandbox.daemon.pool.spec import PoolSpec
 from rlsandbox.daemon.runtime.container import AGENT_SOCKET, container_config
@@ -99,8 +100,10 @@ class SandboxFactory:
         self.faults: dict[str, str] = {}
         # Host-wide OOM kills by container, from the kernel's log (started with the node).
         self.oom = OomWatch()
-        # The parent cgroup of every sandbox (runtime/cgroups.py; set at the node's start).
+        # The parent cgroup of every sandbox (runtime/cgroups.py; set at the node's start), and the
+        # most memory one sandbox may have under its memory cap (cgroups.sandbox_ceiling; 0: none).
         self.cgroup_parent = ""
+        self.memory_ceiling = 0
         self.remove_failures_total = 0
         self._remove_slots = asyncio.Semaphore(remove_concurrency)
 
@@ -117,9 +120,16 @@ class SandboxFactory:
             labels[LABEL_DISK] = str(disk_bytes)
         return labels
 
+    def _within_node(self, cspec: ContainerSpec) -> ContainerSpec:
+        """A sandbox's memory limit at most ``memory_ceiling``, below the node's cap on all
+        sandboxes (runtime/cgroups.py ``sandbox_ceiling``: why)."""
+        if not self.memory_ceiling or cspec.limits.memory_bytes <= self.memory_ceiling:
+            return cspec
+        return dataclasses.replace(cspec, limits=dataclasses.replace(cspec.limits, memory_bytes=self.memory_ceiling))
+
     async def create(self, spec: PoolSpec, *, session: str = "") -> Sandbox:
         """Create, start, connect to and set up one sandbox. Nothing is left behind on failure."""
-        cspec = spec.container
+        cspec = self._within_node(spec.container)
         name = f"rls-{spec.name}-{secrets.token_hex(6)}"
         self.live[name] = None
         cid: str | None = None

@@ -23,6 +23,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 HOST_PIDS_SHARE = 0.25  # of the host's PIDs, kept out of the sandboxes' reach by default
 HOST_MEMORY_SHARE = 0.10  # of the host's memory, kept for the daemon, the engine and the host ...
 HOST_MEMORY_MIN = 2 << 30  # ... at least this much
+SANDBOX_SHARE_OF_CAP = 0.9  # a sandbox's own memory limit, at most, of the node's cap on all of them
 # Each capped controller's knob under cgroup v1 and v2, and what it says for "no limit" there.
 KNOBS = {"pids": ("pids.max", "pids.max", "max"), "memory": ("memory.limit_in_bytes", "memory.max", "-1")}
 
@@ -76,6 +77,14 @@ def default_caps() -> dict[str, int]:
         "pids": int(host_pids() * (1 - HOST_PIDS_SHARE)),
         "memory": max(memory - max(int(memory * HOST_MEMORY_SHARE), HOST_MEMORY_MIN), 0),
     }
+
+
+def sandbox_ceiling(memory_cap: int) -> int:
+    """The most memory one sandbox may be given under a node cap of ``memory_cap`` (0: none).
+    Below the cap, so that a sandbox alone meets its own limit first: a kill there is the
+    episode's doing, a kill at the node's cap the node's (pool/oom.py), and a sandbox allowed the
+    whole cap could otherwise have its own memory bomb counted as the node's and masked."""
+    return int(memory_cap * SANDBOX_SHARE_OF_CAP)
 
 
 def cap(parent: str, version: str, controller: str, value: int, root: Path = CGROUP_ROOT) -> Path:
