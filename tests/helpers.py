@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import os
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -162,3 +163,34 @@ async def commands_through_a_stop_loop(session: Any, seconds: float = 5.0) -> di
         assert (await session.exec("echo ok")).stdout == b"ok\n"
         assert (await session.exec("echo ok", shell_session="after")).stdout == b"ok\n"
     return seen
+
+
+# -- a dataset record as SWE-smith publishes it ------------------------------------------------
+FMT = "def width(total, indent):\n    return total - indent\n"
+FMT_TESTS = (
+    "from pkg.fmt import width\n\n\ndef test_width():\n    assert width(78, 2) == 76\n\n\n"
+    "def test_width_zero():\n    assert width(0, 0) == 0\n"
+)
+
+
+def swesmith_clone(root: Path) -> tuple[Path, str, str, str]:
+    """A repository as SWE-smith publishes an instance of it: its clean commit, and the diff that
+    puts the bug in (committed on a branch, as SWE-smith's mirrors do). Returns (repo, clean, bug
+    commit, bug patch)."""
+    repo = root / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "pkg" / "__init__.py").write_text("")
+    (repo / "pkg" / "fmt.py").write_text(FMT)
+    (repo / "tests" / "test_fmt.py").write_text(FMT_TESTS)
+    (repo / "tests" / "test_other.py").write_text("def test_other():\n    assert True\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "clean"], check=True)
+    clean = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    (repo / "pkg" / "fmt.py").write_text(FMT.replace("total - indent", "indent - total"))
+    bug = subprocess.run([*git, "diff"], check=True, capture_output=True, text=True).stdout
+    subprocess.run([*git, "commit", "-qam", "Bug Patch"], check=True)
+    bugged = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    return repo, clean, bugged, bug

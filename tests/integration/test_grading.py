@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from helpers import daemon_config, running_daemon
+from helpers import daemon_config, running_daemon, swesmith_clone
 from rlsandbox.client import AsyncClient, AsyncSession, InvalidArgumentError, NotFoundError
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.grading.task import RewardSpec, Task, load_tasks, tar_files
@@ -351,6 +351,52 @@ async def test_validate_command_line(grading_daemon: NodeDaemon, tmp_path: Path)
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["counts"]["valid"] == 1 and report["tasks"][0]["task_id"] == "py-calc"
     assert (tmp_path / "out" / "py-calc" / "task.json").exists()
+
+
+# -- datasets as published ------------------------------------------------------------------------
+async def test_a_swesmith_record_starts_from_its_bug_and_only_a_fix_earns_reward(gclient: AsyncClient, tmp_path: Path) -> None:
+    """SWE-smith's layout, imported from a clone at its clean commit (the bug applied in the
+    sandbox) and at its bug's commit (the bug already there: kept). Neither git history nor
+    status shows the bug; rewriting the tests earns nothing; the bug's reverse is the gold patch."""
+    from rlsandbox.daemon import cli
+
+    repo, clean, bugged, bug = swesmith_clone(tmp_path)
+    record = {
+        "instance_id": "acme__fmt.0000aaaa.func_pm_op_swap__x1",
+        "repo": "swesmith/acme__fmt.0000aaaa",
+        "image_name": "swesmith.x86_64.acme__fmt.0000aaaa",
+        "patch": bug,
+        "FAIL_TO_PASS": ["tests/test_fmt.py::test_width"],
+        "PASS_TO_PASS": ["tests/test_fmt.py::test_width_zero", "tests/test_other.py::test_other"],
+        "problem_statement": "width() is negative.",
+    }
+    lines = [
+        json.dumps({**record, "base_commit": clean}),
+        json.dumps({**record, "instance_id": record["instance_id"] + "b", "base_commit": bugged}),
+    ]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "tasks" / "tasks.jsonl"
+    out.parent.mkdir()
+    code = await asyncio.to_thread(
+        cli.main,
+        ["tasks", "import-swebench", str(tmp_path / "in.jsonl"), "--pool", "python", "--repo", str(repo),
+         "--workspace", "/workspace", "--test-command", "python3 -m pytest -rA -p no:cacheprovider {test_files}",
+         "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    imported = load_tasks(out)
+    assert [t.spec.evaluation.pass_to_pass for t in imported] == [["tests/test_fmt.py::test_width_zero"]] * 2
+    for task in imported:
+        async with gclient.session(task=task) as s:
+            seen = await s.exec("grep -c 'indent - total' pkg/fmt.py; git status --porcelain; git log --oneline | wc -l")
+            assert seen.stdout == b"1\n1\n", (task.id, seen.stdout, seen.stderr)
+            # The policy makes the test file pass instead of the code: restored from the base, it fails.
+            await s.write_files({"tests/test_fmt.py": "def test_width():\n    pass\n"})
+            cheated = await s.grade()
+        assert cheated.status == "ok" and cheated.reward == 0.0, (task.id, cheated.message)
+        assert outcomes(cheated)["tests/test_fmt.py::test_width"] == "failed"
+    report = await validate(gclient, imported, runs=1, concurrency=2)
+    assert [v.verdict for v in report.tasks] == ["valid", "valid"], [v.problems for v in report.tasks]
 
 
 async def test_clean_room_dying_is_infra_error_without_reward(

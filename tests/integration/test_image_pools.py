@@ -13,9 +13,10 @@ import time
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
-from helpers import BUSYBOX, daemon_config, eventually, running_daemon
+from helpers import BUSYBOX, FMT, PYTHON, daemon_config, eventually, running_daemon, swesmith_clone
 from rlsandbox.client import AsyncClient, FailedPreconditionError
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.model import image_pool_name
@@ -123,20 +124,27 @@ async def test_images_that_cannot_be_had_are_clear_errors(node: NodeDaemon) -> N
             await client.create_session(image="elsewhere/x:1")
 
 
-async def test_an_image_pool_works_in_the_images_workdir(node: NodeDaemon, docker_runtime: DockerRuntime) -> None:
-    """Per-instance images (SWE-bench's /testbed) set their WORKDIR: sessions of their pool start
-    there, and find the image's files, when the template names no workdir."""
+async def build_image(docker_runtime: DockerRuntime, tag: str, dockerfile: str, **folders: Path) -> None:
+    """A test image from a Dockerfile and folders beside it (``name=path``: COPY name ...)."""
     import io
     import tarfile
 
-    tag = f"rls-test/workdir:{uuid.uuid4().hex[:8]}"
     context = io.BytesIO()
     with tarfile.open(fileobj=context, mode="w") as tar:
-        dockerfile = f"FROM {BUSYBOX}\nWORKDIR /testbed\nRUN echo repo > /testbed/README\n".encode()
+        data = dockerfile.encode()
         info = tarfile.TarInfo("Dockerfile")
-        info.size = len(dockerfile)
-        tar.addfile(info, io.BytesIO(dockerfile))
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        for name, path in folders.items():
+            tar.add(path, arcname=name)
     await docker_runtime.images.build(context.getvalue(), tag=tag, labels={"rlsandbox.test": "1"})
+
+
+async def test_an_image_pool_works_in_the_images_workdir(node: NodeDaemon, docker_runtime: DockerRuntime) -> None:
+    """Per-instance images (SWE-bench's /testbed) set their WORKDIR: sessions of their pool start
+    there, and find the image's files, when the template names no workdir."""
+    tag = f"rls-test/workdir:{uuid.uuid4().hex[:8]}"
+    await build_image(docker_runtime, tag, f"FROM {BUSYBOX}\nWORKDIR /testbed\nRUN echo repo > /testbed/README\n")
     try:
         async with AsyncClient(node.address, timeout=120) as client, client.session(image=tag) as s:
             assert s.info.workdir == "/testbed"
@@ -149,4 +157,47 @@ async def test_an_image_pool_works_in_the_images_workdir(node: NodeDaemon, docke
 
         await eventually(pool_gone, timeout=30, what=f"pool {s.info.pool} and its containers removed")
     finally:
+        await docker_runtime.images.remove(tag)
+
+
+async def test_a_swesmith_task_in_its_own_image_starts_from_its_bug(
+    node: NodeDaemon, docker_runtime: DockerRuntime, tmp_path: Path
+) -> None:
+    """SWE-smith as it runs: the repository in the instance's image at /testbed (at its clean
+    commit, the bug's commit in its history), the record's bug patch applied in the sandbox before
+    the history is reset. The policy finds the bug, not the fix: not in `git diff`, not in any
+    commit of the history."""
+    from rlsandbox.daemon.grading.importers import from_swebench
+
+    repo, clean, _, bug = swesmith_clone(tmp_path)
+    subprocess.run(["git", "-C", str(repo), "checkout", "-q", clean], check=True)
+    tag = f"rls-test/swesmith:{uuid.uuid4().hex[:8]}"
+    await build_image(docker_runtime, tag, f"FROM {PYTHON}\nCOPY repo /testbed\nWORKDIR /testbed\n", repo=repo)
+    record = {
+        "instance_id": "acme__fmt.0000aaaa.func_pm_op_swap__x1",
+        "image_name": tag,
+        "patch": bug,
+        "FAIL_TO_PASS": ["tests/test_fmt.py::test_width"],
+        "PASS_TO_PASS": ["tests/test_fmt.py::test_width_zero"],
+    }
+    spec = from_swebench(record, image="field", test_command="python3 -m pytest -rA -p no:cacheprovider {test_files}")
+    try:
+        async with AsyncClient(node.address, timeout=120) as client, client.session(task=(spec.model_dump_json(), b"")) as s:
+            assert s.info.workdir == "/testbed"
+            seen = await s.exec(
+                "grep -c 'indent - total' pkg/fmt.py; git status --porcelain; git log --all --oneline | wc -l; "
+                "git log --all -p | grep -c 'total - indent'"
+            )
+            assert seen.stdout == b"1\n1\n0\n", (seen.stdout, seen.stderr)
+            unsolved = await s.grade()
+            await s.write_files({"pkg/fmt.py": FMT})
+            solved = await s.grade()
+        assert (unsolved.reward, solved.reward) == (0.0, 1.0), (unsolved.message, solved.message)
+    finally:
+        pool = image_pool_name(tag)
+
+        async def pool_gone() -> bool:
+            return pool not in node.pools and not await docker_runtime.list_containers({LABEL_POOL: pool})
+
+        await eventually(pool_gone, timeout=30, what=f"pool {pool} and its containers removed")
         await docker_runtime.images.remove(tag)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from rlsandbox.daemon.grading.guard import GUARD_SOURCE, guard_setup, read_guard_log
-from rlsandbox.daemon.grading.patches import PatchError, apply_patch, parse_patch, patch_paths
+from rlsandbox.daemon.grading.patches import PatchError, apply_patch, parse_patch, patch_paths, reverse_patch
 from rlsandbox.daemon.grading.reports import Outcome
 from rlsandbox.daemon.grading.scan import scan
 from rlsandbox.daemon.grading.shadowing import PROBE, ImportFacts, Shadowing, command_paths, interpreters
@@ -79,24 +79,81 @@ def test_patch_without_newline_at_end(tmp_path: Path) -> None:
     assert apply_patch(patch, {"f": b"a\nb"})["f"][0] == b"a\nc"
 
 
+def gnu_diff(base: list[str], edit: list[str]) -> tuple[bytes, bytes, bytes]:
+    """(old, new, GNU diff -u of file f from old to new); the diff is empty when they are equal."""
+    import tempfile
+
+    old = "".join(f"{ln}\n" for ln in base).encode()
+    new = "".join(f"{ln}\n" for ln in edit).encode()
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "a").write_bytes(old)
+        (Path(d) / "b").write_bytes(new)
+        diff = subprocess.run(["diff", "-u", "a", "b"], cwd=d, capture_output=True).stdout
+    return old, new, diff.replace(b"--- a\t", b"--- a/f\t").replace(b"+++ b\t", b"+++ b/f\t")
+
+
 @given(
     base=st.lists(st.sampled_from(["a", "b", "c", "d", ""]), max_size=12),
     edit=st.lists(st.sampled_from(["a", "b", "x", "y", ""]), max_size=12),
 )
 def test_patch_agrees_with_a_real_diff(base: list[str], edit: list[str]) -> None:
     """Any diff that GNU diff makes, the applier applies to the same result."""
-    old = "".join(f"{ln}\n" for ln in base).encode()
-    new = "".join(f"{ln}\n" for ln in edit).encode()
+    old, new, diff = gnu_diff(base, edit)
     if old == new:
         return
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "a").write_bytes(old)
-        (Path(d) / "b").write_bytes(new)
-        diff = subprocess.run(["diff", "-u", "a", "b"], cwd=d, capture_output=True).stdout
-    diff = diff.replace(b"--- a\t", b"--- a/f\t").replace(b"+++ b\t", b"+++ b/f\t")
     assert apply_patch(diff, {"f": old})["f"][0] == new
+
+
+@given(
+    base=st.lists(st.sampled_from(["a", "b", "c", "-- d", ""]), max_size=12),
+    edit=st.lists(st.sampled_from(["a", "b", "++ x", "y", ""]), max_size=12),
+)
+def test_a_reversed_diff_takes_the_new_file_back_to_the_old(base: list[str], edit: list[str]) -> None:
+    """Lines of text that look like ``---``/``+++`` headers once marked stay hunk lines."""
+    old, new, diff = gnu_diff(base, edit)
+    if old == new:
+        return
+    assert apply_patch(reverse_patch(diff), {"f": new})["f"][0] == old
+
+
+def test_git_applies_the_reverse_of_its_own_diff(tmp_path: Path) -> None:
+    """SWE-smith's fix is the reverse of its bug patch: git takes the reverse of a diff with every
+    kind of file change back to the tree it came from, and the reverse of the reverse is the diff."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a + b\n-- not a header\n")
+    (tmp_path / "gone.py").write_text("x = 1\n")
+    (tmp_path / "old_name.py").write_text("y = 2\n" * 20)
+    (tmp_path / "run.sh").write_text("echo hi\n")
+    (tmp_path / "tail.txt").write_text("no newline")
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a - b\n--- not a header\n")
+    (tmp_path / "gone.py").unlink()
+    (tmp_path / "new.py").write_text("z = 3\n")
+    subprocess.run([*git, "mv", "old_name.py", "new_name.py"], check=True)
+    (tmp_path / "new_name.py").write_text("y = 2\n" * 19 + "y = 4\n")
+    (tmp_path / "run.sh").chmod(0o755)
+    (tmp_path / "tail.txt").write_text("no newline, still")
+    subprocess.run([*git, "add", "-A"], check=True)
+    bug = subprocess.run([*git, "diff", "--cached", "-M"], check=True, capture_output=True).stdout
+    assert b"rename from old_name.py" in bug and b"new mode 100755" in bug and b"deleted file mode" in bug
+    fix = reverse_patch(bug)
+    assert reverse_patch(fix) == bug
+    subprocess.run([*git, "apply", "--index", "-"], input=fix, check=True)
+    left = subprocess.run([*git, "status", "--porcelain"], check=True, capture_output=True, text=True).stdout
+    assert left == "", left
+    assert (tmp_path / "calc.py").read_text() == "def add(a, b):\n    return a + b\n-- not a header\n"
+    assert not (tmp_path / "new.py").exists() and (tmp_path / "gone.py").exists()
+
+
+def test_a_patch_without_a_textual_reverse_is_refused() -> None:
+    with pytest.raises(PatchError, match="binary"):
+        reverse_patch(b"diff --git a/x.png b/x.png\nindex 1..2 100644\nGIT binary patch\nliteral 3\n")
+    with pytest.raises(PatchError, match="copy"):
+        reverse_patch(b"diff --git a/a.py b/b.py\nsimilarity index 100%\ncopy from a.py\ncopy to b.py\n")
+    with pytest.raises(PatchError, match="truncated"):
+        reverse_patch(b"--- a/f\n+++ b/f\n@@ -1,3 +1,3 @@\n a\n-b\n")
 
 
 # -- the guard's log ------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from rlsandbox.daemon import cli
-from rlsandbox.daemon.grading.importers import from_swebench, patch_files
+from rlsandbox.daemon.grading.importers import from_swebench, patch_files, record_variant
 from rlsandbox.daemon.grading.reports import Outcome, TestCase, TestReport
 from rlsandbox.daemon.grading.rewards import (
     MISSING,
@@ -146,6 +146,72 @@ def test_swebench_import_with_one_image_per_instance() -> None:
         from_swebench(SWE, image="x/{repo_name}")
     with pytest.raises(ValueError, match="exactly one of pool"):
         from_swebench(SWE, pool="p", image="x/{instance_id}")
+
+
+# The layout of SWE-smith's published records (SWE-bench/SWE-smith on Hugging Face): no test patch,
+# no fix; ``patch`` puts the bug in, the tests are the repository's own. Values made up.
+SMITH = {
+    "instance_id": "pallets__click.fde47b4b.func_pm_op_swap__4kq2f1xz",
+    "repo": "swesmith/pallets__click.fde47b4b",
+    "base_commit": "8d6b4b1a7c3e2f0a9b8c7d6e5f4a3b2c1d0e9f8a",
+    "image_name": "swesmith.x86_64.pallets__click.fde47b4b",
+    "problem_statement": "Formatting a long option name wraps at the wrong column.",
+    "patch": "diff --git a/src/click/formatting.py b/src/click/formatting.py\nindex 1111111..2222222 100644\n"
+    "--- a/src/click/formatting.py\n+++ b/src/click/formatting.py\n@@ -10,3 +10,3 @@ def wrap_text(\n"
+    "     width: int = 78,\n-    return width - indent\n+    return indent - width\n \n",
+    "FAIL_TO_PASS": ["tests/test_formatting.py::test_wrapping_long_options", "tests/test_basic.py::test_help"],
+    "PASS_TO_PASS": [
+        "tests/test_formatting.py::test_basic_functionality",
+        "tests/test_basic.py::test_repr",
+        "tests/test_options.py::test_prefixes",
+    ],
+    "created_at": "2025-03-14T19:58:21",
+}
+
+
+def test_swesmith_records_start_from_their_bug_and_are_fixed_by_its_reverse() -> None:
+    assert record_variant(SMITH) == "swesmith" and record_variant(SWE) == "swebench"
+    spec = from_swebench(SMITH, image="jyangballin/{image_docker_id}:latest")
+    assert spec.image == "jyangballin/swesmith.x86_64.pallets_1776_click.fde47b4b:latest"
+    assert spec.workspace.source == "image" and spec.workspace.git == "reset"
+    assert spec.workspace.patch == SMITH["patch"]  # the bug, in place before the history is reset
+    assert spec.gold_patch is not None and "+    return width - indent" in spec.gold_patch
+    assert "-    return indent - width" in spec.gold_patch
+    ev = spec.evaluation
+    assert ev.test_patch is None and ev.fail_to_pass == SMITH["FAIL_TO_PASS"]
+    assert ev.test_command == "python -m pytest -rA -p no:cacheprovider tests/test_formatting.py tests/test_basic.py"
+    # Only the files that run are graded: a PASS_TO_PASS test elsewhere would be missing, a failure.
+    assert ev.pass_to_pass == ["tests/test_formatting.py::test_basic_functionality", "tests/test_basic.py::test_repr"]
+    assert ev.test_files == ["tests/test_formatting.py", "tests/test_basic.py", "tests/**"]
+    assert spec.metadata["variant"] == "swesmith" and spec.metadata["image_name"] == SMITH["image_name"]
+    assert from_swebench(SMITH, image="field").image == SMITH["image_name"]
+    # The same record read as SWE-bench's layout says what it lacks.
+    with pytest.raises(TaskError, match="missing test_patch"):
+        from_swebench(SMITH, pool="p", variant="swebench")
+    with pytest.raises(TaskError, match="unknown record variant"):
+        from_swebench(SMITH, pool="p", variant="smith")
+    with pytest.raises(TaskError, match="needs its patch"):
+        from_swebench({**SMITH, "patch": ""}, pool="p", variant="swesmith")
+
+
+def test_r2e_gym_records_of_their_own_layout_are_refused_with_the_way_out() -> None:
+    r2e = {
+        "instance_id": "aiohttp__aiohttp-1",
+        "repo_name": "aiohttp",
+        "docker_image": "namanjain12/aiohttp_final:f0d74880",
+        "expected_output_json": '{"r2e_tests/test_web.py::test_x": "PASSED"}',
+        "problem_statement": "x",
+    }
+    assert record_variant(r2e) == "r2e-gym"
+    with pytest.raises(TaskError, match="SWE-bench-style set"):
+        from_swebench(r2e, image="field")
+
+
+def test_swegym_images_are_named_with_their_own_separator() -> None:
+    spec = from_swebench(SWE, image="xingyaoww/sweb.eval.x86_64.{swegym_id}:latest")
+    assert spec.image == "xingyaoww/sweb.eval.x86_64.astropy_s_astropy-12907:latest"
+    with pytest.raises(TaskError, match="no image field"):
+        from_swebench(SWE, image="x/{image_name}")
 
 
 def test_swebench_import_from_a_local_clone_with_env(tmp_path: Path) -> None:

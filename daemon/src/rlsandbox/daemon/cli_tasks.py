@@ -88,6 +88,7 @@ async def _import_swebench(args: argparse.Namespace) -> int:
                     test_command=args.test_command,
                     env=env,
                     workspace_tar=tar,
+                    variant=args.variant,
                 )
             except TaskError as e:
                 raise InvalidArgument(str(e)) from None
@@ -228,8 +229,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     where.add_argument("--pool", help="the pool whose image holds the repository at its base commit")
     where.add_argument(
         "--image",
-        help="each instance's own image (a pool made on demand): a template with {instance_id} or {docker_id} "
-        "(e.g. swebench/sweb.eval.x86_64.{docker_id}:latest), or 'field' for the instance's image_name/docker_image",
+        help="each instance's own image (a pool made on demand): a template with {instance_id}, {docker_id} "
+        "(SWE-bench's: swebench/sweb.eval.x86_64.{docker_id}:latest), {swegym_id} (SWE-Gym's), {image_name} or "
+        "{image_docker_id} (SWE-smith's: jyangballin/{image_docker_id}:latest); or 'field' for the instance's "
+        "image_name/docker_image",
+    )
+    sw.add_argument(
+        "--variant",
+        choices=("auto", "swebench", "swesmith"),
+        default="auto",
+        help="the records' layout: swebench (test_patch and the fix: SWE-bench, SWE-Gym, SWE-bench-extra, R2E-Gym's "
+        "SWE-bench-style sets), swesmith (the bug patch, tests in the repository); auto tells them apart by their fields",
     )
     sw.add_argument("--workspace", default="/testbed", help="where the repository is in the sandbox (default /testbed)")
     sw.add_argument("--repo", help="a local clone: each workspace is its base_commit's tree, copied in")

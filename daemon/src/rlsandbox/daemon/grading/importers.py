@@ -10,8 +10,9 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from rlsandbox.daemon.grading.patches import PatchError, reverse_patch
 from rlsandbox.daemon.grading.task import (
     DEFAULT_PROTECTED,
     TEST_FOLDER,
@@ -62,6 +63,23 @@ def folder_globs_of_tests(test_files: list[str]) -> list[str]:
     return [f"{f}/**" for f in named if not any(f.startswith(g + "/") for g in named)]
 
 
+VARIANTS = ("auto", "swebench", "swesmith")
+
+
+def record_variant(instance: Mapping[str, Any]) -> str:
+    """Which published layout a record has. SWE-bench, SWE-Gym, SWE-bench-extra and R2E-Gym's
+    SWE-bench-style sets carry a test patch and a fix; SWE-smith's carry neither: its tests are in
+    the repository and its ``patch`` puts the bug in (the fix is its reverse). R2E-Gym's own
+    records (``expected_output_json``, tests in the image) are neither."""
+    if instance.get("test_patch"):
+        return "swebench"
+    if "expected_output_json" in instance and not instance.get("FAIL_TO_PASS"):
+        return "r2e-gym"
+    if instance.get("FAIL_TO_PASS") and instance.get("patch"):
+        return "swesmith"
+    return "swebench"
+
+
 def from_swebench(
     instance: Mapping[str, Any],
     *,
@@ -71,6 +89,7 @@ def from_swebench(
     test_command: str = "python -m pytest -rA -p no:cacheprovider {test_files}",
     env: Mapping[str, str] | None = None,
     workspace_tar: str | None = None,
+    variant: str = "auto",
 ) -> TaskSpec:
     """A task from a SWE-bench-style instance (instance_id, repo, base_commit, patch, test_patch,
     FAIL_TO_PASS / PASS_TO_PASS as lists or JSON strings). The repository is expected in the pool's
@@ -80,10 +99,25 @@ def from_swebench(
     test folders that hold them.
 
     ``image`` instead of ``pool``: each instance runs in its own image (a pool made on demand, see
-    :func:`instance_image` for the template)."""
+    :func:`instance_image` for the template).
+
+    ``variant``: ``auto`` tells the layouts apart by their fields (:func:`record_variant`);
+    ``swesmith`` records become tasks whose workspace starts with the record's bug patch applied
+    (``workspace.patch``), whose tests are the repository's own files that hold FAIL_TO_PASS (run
+    and restored before grading, as SWE-smith runs them), and whose gold patch is the bug's reverse."""
     iid = str(instance.get("instance_id") or "")
     if not iid:
         raise TaskError("SWE-bench instance without instance_id")
+    if variant not in VARIANTS:
+        raise TaskError(f"unknown record variant {variant!r}; use one of {', '.join(VARIANTS)}")
+    kind = record_variant(instance) if variant == "auto" else variant
+    if kind == "r2e-gym":
+        raise TaskError(
+            f"{iid}: an R2E-Gym record of its own layout (expected_output_json, tests baked into the image): "
+            "import its SWE-bench-style set instead (FAIL_TO_PASS, test_patch; R2E-Gym publishes one)"
+        )
+    if kind == "swesmith":
+        return _from_swesmith(instance, iid, pool, image, workspace_path, test_command, env, workspace_tar)
     for key in ("test_patch", "FAIL_TO_PASS"):
         if not instance.get(key):
             raise TaskError(f"{iid}: missing {key}")
@@ -114,24 +148,84 @@ def from_swebench(
     )
 
 
+def _from_swesmith(
+    instance: Mapping[str, Any],
+    iid: str,
+    pool: str,
+    image: str,
+    workspace_path: str,
+    test_command: str,
+    env: Mapping[str, str] | None,
+    workspace_tar: str | None,
+) -> TaskSpec:
+    if not instance.get("patch"):
+        raise TaskError(f"{iid}: a SWE-smith record needs its patch (the one that puts the bug in)")
+    fail_to_pass = _id_list(instance.get("FAIL_TO_PASS"), "FAIL_TO_PASS", iid)
+    if not fail_to_pass:
+        raise TaskError(f"{iid}: missing FAIL_TO_PASS")
+    test_files = list(dict.fromkeys(t.split("::", 1)[0] for t in fail_to_pass))
+    # Only the files of FAIL_TO_PASS run (SWE-smith's own test command): the PASS_TO_PASS tests
+    # elsewhere would be missing from the report, which fails a test here (SWE-smith counts a
+    # missing test as passed; a policy could make any test go missing).
+    pass_to_pass = [t for t in _id_list(instance.get("PASS_TO_PASS"), "PASS_TO_PASS", iid) if t.split("::", 1)[0] in test_files]
+    bug = str(instance["patch"])
+    try:
+        gold: str | None = reverse_patch(bug.encode()).decode()
+    except PatchError:
+        gold = None  # a binary bug: validation says the task has no gold patch
+    source: Literal["bundle", "image"] = "bundle" if workspace_tar else "image"
+    return TaskSpec(
+        id=iid,
+        pool=pool,
+        image=instance_image(instance, image) if image else "",
+        problem_statement=str(instance.get("problem_statement", "")),
+        workspace=WorkspaceSpec(path=workspace_path, source=source, tar=workspace_tar, git="reset", patch=bug),
+        evaluation=EvaluationSpec(
+            test_command=test_command.replace("{test_files}", " ".join(shlex.quote(f) for f in test_files)),
+            report_format="pytest",
+            env=dict(env or {}),
+            test_files=[*test_files, *folder_globs_of_tests(test_files)],
+            fail_to_pass=fail_to_pass,
+            pass_to_pass=pass_to_pass,
+        ),
+        gold_patch=gold,
+        metadata={
+            "variant": "swesmith",
+            **{k: instance[k] for k in ("repo", "base_commit", "image_name", "created_at") if k in instance},
+        },
+    )
+
+
 # Fields that name an instance's own image in the published variants (R2E-Gym, SWE-smith, SWE-Gym).
 IMAGE_FIELDS = ("image_name", "docker_image", "image")
 
 
 def instance_image(instance: Mapping[str, Any], template: str) -> str:
-    """The image of one instance: ``template`` with ``{instance_id}`` and ``{docker_id}`` (SWE-bench's
-    image naming: ``__`` becomes ``_1776_``, lower case) filled in; or, with the template
-    ``field``, the instance's own image field (``image_name``, ``docker_image`` or ``image``)."""
+    """The image of one instance: ``template`` with ``{instance_id}``, ``{docker_id}`` (SWE-bench's
+    image naming: ``__`` becomes ``_1776_``, lower case), ``{swegym_id}`` (SWE-Gym's: ``_s_``) and
+    ``{image_name}`` (the instance's own
+    image field) filled in; or, with the template ``field``, the instance's own image field
+    (``image_name``, ``docker_image`` or ``image``). SWE-smith's images on Docker Hub, for one:
+    ``jyangballin/{image_name}`` with its ``__`` written ``_1776_``: ``{image_docker_id}``."""
     iid = str(instance.get("instance_id") or "")
-    if template == "field":
-        for name in IMAGE_FIELDS:
-            if instance.get(name):
-                return str(instance[name])
+    own = next((str(instance[name]) for name in IMAGE_FIELDS if instance.get(name)), "")
+    if template == "field" or ("{image_" in template and not own):
+        if own:
+            return own
         raise TaskError(f"{iid}: no image field ({', '.join(IMAGE_FIELDS)}) in the instance")
     try:
-        return template.format(instance_id=iid, docker_id=iid.replace("__", "_1776_").lower())
+        return template.format(
+            instance_id=iid,
+            docker_id=iid.replace("__", "_1776_").lower(),
+            swegym_id=iid.replace("__", "_s_").lower(),
+            image_name=own,
+            image_docker_id=own.replace("__", "_1776_").lower(),
+        )
     except (KeyError, IndexError, ValueError) as e:
-        raise TaskError(f"image template {template!r}: {e} (use {{instance_id}} or {{docker_id}}, or 'field')") from None
+        raise TaskError(
+            f"image template {template!r}: {e} (use {{instance_id}}, {{docker_id}}, {{swegym_id}}, {{image_name}} or "
+            "{image_docker_id}, or 'field')"
+        ) from None
 
 
 # -- Harbor / Terminal-Bench task folders --------------------------------------------------------

@@ -195,3 +195,87 @@ def patch_paths(patch: bytes) -> list[str]:
             if p and p not in paths:
                 paths.append(p)
     return paths
+
+
+_SWAP_HEADERS = (
+    (b"new file mode ", b"deleted file mode "),
+    (b"old mode ", b"new mode "),
+    (b"rename from ", b"rename to "),
+)
+
+
+def reverse_patch(patch: bytes) -> bytes:
+    """The diff that undoes ``patch`` (what ``git apply --reverse`` applies), in the same format.
+
+    SWE-smith publishes the diff that puts the bug in: the fix is its reverse. Raises PatchError for
+    what has no textual reverse here (binary patches, copies) or what is unreadable."""
+    lines = patch.split(b"\n")
+    out: list[bytes] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith((b"GIT binary patch", b"Binary files ")):
+            raise PatchError("binary patch: no reverse")
+        if line.startswith((b"copy from ", b"copy to ")):
+            raise PatchError("a copy has no reverse (it would be a deletion)")
+        if line.startswith(b"diff --git "):
+            m = re.match(rb"^diff --git (a/\S+) (b/\S+)$", line)
+            out.append(b"diff --git a/" + m.group(2)[2:] + b" b/" + m.group(1)[2:] if m else line)
+        elif line.startswith(b"index ") and b".." in line:
+            words = line.split(b" ")
+            old, _, new = words[1].partition(b"..")
+            out.append(b" ".join([b"index", new + b".." + old, *words[2:]]))
+        elif any(line.startswith(a) or line.startswith(b) for a, b in _SWAP_HEADERS):
+            for a, b in _SWAP_HEADERS:
+                if line.startswith(a):
+                    out.append(b + line[len(a) :])
+                    break
+                if line.startswith(b):
+                    out.append(a + line[len(b) :])
+                    break
+        elif line.startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ "):
+            old, new = line[4:], lines[i + 1][4:]
+            out += [b"--- " + _other_side(new, b"a/"), b"+++ " + _other_side(old, b"b/")]
+            i += 1
+        elif line.startswith(b"@@"):
+            m = _HUNK.match(line)
+            if not m:
+                raise PatchError(f"unreadable hunk header {line[:80]!r}")
+            old_n = int(m.group(2)) if m.group(2) is not None else 1
+            new_n = int(m.group(4)) if m.group(4) is not None else 1
+            sides = [m.group(k) + (b"," + m.group(k + 1) if m.group(k + 1) is not None else b"") for k in (1, 3)]
+            out.append(b"@@ -" + sides[1] + b" +" + sides[0] + b" @@" + line[m.end() :])
+            seen_old = seen_new = 0
+            i += 1
+            while i < len(lines) and (seen_old < old_n or seen_new < new_n or lines[i].startswith(b"\\")):
+                body = lines[i]
+                tag = body[:1]
+                if tag == b"-":
+                    seen_old += 1
+                    out.append(b"+" + body[1:])
+                elif tag == b"+":
+                    seen_new += 1
+                    out.append(b"-" + body[1:])
+                elif tag in (b" ", b""):
+                    seen_old += 1
+                    seen_new += 1
+                    out.append(body)
+                elif tag == b"\\":
+                    out.append(body)
+                else:
+                    raise PatchError(f"unexpected line in a hunk: {body[:80]!r}")
+                i += 1
+            if seen_old != old_n or seen_new != new_n:
+                raise PatchError(f"hunk {line.decode('utf-8', 'replace')} is truncated")
+            continue
+        else:
+            out.append(line)
+        i += 1
+    return b"\n".join(out)
+
+
+def _other_side(name: bytes, prefix: bytes) -> bytes:
+    """A ``---``/``+++`` file name moved to the other side: its a/ or b/ prefix follows it."""
+    if name.startswith((b"a/", b"b/")):
+        return prefix + name[2:]
+    return name

@@ -159,6 +159,7 @@ class Workspaces:
         """
         ws = task.spec.workspace
         reset = reset_git and ws.git == "reset"
+        based = False
         if ws.source == "bundle":
             # Nothing of an episode has run here yet: a folder already there (the image's, or a
             # recycled sandbox's workdir) is the one to fill. Asking is an agent call; a mkdir is a
@@ -171,9 +172,11 @@ class Workspaces:
                 if key is None:
                     await self.put(sandbox, ws.path, task.workspace_tar, reused=True, fresh=True)
                 else:
-                    await self._put_based(sandbox, ws.path, key, task.workspace_tar)
-                    reset = False
-        if reset:
+                    await self._put_based(sandbox, task, key)  # its patch applied, its history reset
+                    reset = based = True
+        if ws.patch and not based:
+            await self._apply_start(sandbox, ws.path, ws.patch)
+        if reset and not based:
             await self._reset_git(sandbox, ws.path)
         for command in task.spec.setup:
             await self._run(
@@ -190,10 +193,33 @@ class Workspaces:
         req = ExecRequest(shell=script, cwd=path, env=GIT_DATES, timeout=STEP_TIMEOUT)
         await self._run(sandbox, req, "reset the git history")
 
-    async def _put_based(self, sandbox: Sandbox, path: str, key: tuple[object, ...], tar: bytes) -> None:
+    async def _apply_start(self, sandbox: Sandbox, path: str, patch: str) -> None:
+        """The task's starting-state patch (``workspace.patch``), by git or else by patch(1). One
+        whose reverse applies is already in place (an image built at the patched commit): kept."""
+        data = patch.encode()
+        for argv in (("git", "apply", "--whitespace=nowarn", "-"), ("patch", "-p1", "--forward", "--batch", "--quiet")):
+            run = await sandbox.exec(ExecRequest(argv=argv, cwd=path, stdin=data, timeout=STEP_TIMEOUT))
+            if run.ok:
+                return
+            if run.exit_code in NO_TAR:  # no such tool in the image: the next one
+                continue
+            check = (
+                ("git", "apply", "--reverse", "--check", "-")
+                if argv[0] == "git"
+                else ("patch", "-p1", "--reverse", "--dry-run", "--batch", "--quiet")
+            )
+            again = await sandbox.exec(ExecRequest(argv=check, cwd=path, stdin=data, timeout=STEP_TIMEOUT))
+            if again.ok:
+                return
+            tail = (run.stdout[-1500:] + run.stderr[-1500:]).decode("utf-8", errors="replace").strip()
+            raise TaskSetupFailed(f"task setup: the workspace patch does not apply ({' '.join(argv[:2])}): {tail}")
+        raise TaskSetupFailed("task setup: the workspace patch needs git or patch in the image, and it has neither")
+
+    async def _put_based(self, sandbox: Sandbox, task: Task, key: tuple[object, ...]) -> None:
         """The task's workspace with its git history reset: extracted from what an earlier session
         of the task on this image made, or made here (and kept) when none did. One sandbox makes
         it at a time: the others of a group prepared at once wait for it instead of all running git."""
+        path, tar = task.spec.workspace.path, task.workspace_tar
         other = self._making.get(key)
         if other is not None:
             await asyncio.shield(other)
@@ -215,6 +241,8 @@ class Workspaces:
             making = self._making[key] = asyncio.get_running_loop().create_future()
         try:
             await self.put(sandbox, path, tar, reused=True, fresh=True)
+            if task.spec.workspace.patch:
+                await self._apply_start(sandbox, path, task.spec.workspace.patch)
             await self._reset_git(sandbox, path)
             if making is not None:
                 await self._keep_based(sandbox, path, key, tar)
@@ -229,7 +257,8 @@ class Workspaces:
         if pool is None or not tar or len(tar) > BASED_MAX_BYTES or not self.based_budget:
             return None
         digest = await asyncio.to_thread(hash, tar)  # bytes keep their hash once computed
-        return (pool.spec.container.image, self.owner(sandbox), task.spec.workspace.path, len(tar), digest)
+        ws = task.spec.workspace
+        return (pool.spec.container.image, self.owner(sandbox), ws.path, ws.patch, len(tar), digest)
 
     async def _keep_based(self, sandbox: Sandbox, path: str, key: tuple[object, ...], tar: bytes) -> None:
         """Read the workspace its git reset just made (a sandbox being prepared: only the daemon's

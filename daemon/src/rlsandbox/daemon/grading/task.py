@@ -82,6 +82,11 @@ class WorkspaceSpec(_Model):
         description="'reset': the workspace history is one commit (the base), so the fix cannot be found in it; "
         "'keep': leave any .git as it is (needs git in the image for 'reset').",
     )
+    patch: str | None = Field(
+        None,
+        description="A unified diff applied to the workspace before its history is reset, in the episode and in the "
+        "clean room alike: the task's starting state (SWE-smith's bug patch, for one). Already applied: left as it is.",
+    )
 
     @field_validator("path")
     @classmethod
