@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import socket
 import sys
 import tempfile
@@ -55,13 +56,14 @@ async def daemon_rss(pid: int) -> int:
     return 0
 
 
-def _stop_with_parent() -> None:
-    """In the child: SIGTERM when the benchmark process dies, so no daemon (and none of its
-    sandboxes) outlives a killed benchmark."""
-    import ctypes
-    import signal
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def stop_with_parent() -> list[str]:
+    """A prefix for a child's argv: SIGTERM to it when the benchmark process dies, so no daemon
+    (and none of its sandboxes) outlives a killed benchmark. util-linux's ``setpriv`` sets
+    PR_SET_PDEATHSIG and execs the command, which keeps it. Not a ``preexec_fn``: Python code
+    between fork and exec deadlocks at times in a process whose other threads hold a lock (grpc's
+    do), and the daemon then never starts (a CI run waited 180 s for its pool)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
 
 
 class DaemonProcess:
@@ -85,8 +87,8 @@ async def daemon_process(config_toml: str) -> AsyncIterator[DaemonProcess]:
         config = Path(tmp) / "daemon.toml"
         config.write_text(config_toml.replace("{port}", str(port)))
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "rlsandbox.daemon.cli", "--log-level", "WARNING", "daemon", "--config", str(config),
-            stdout=asyncio.subprocess.DEVNULL, preexec_fn=_stop_with_parent,
+            *stop_with_parent(), sys.executable, "-m", "rlsandbox.daemon.cli", "--log-level", "WARNING", "daemon",
+            "--config", str(config), stdout=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         node = DaemonProcess(process, f"127.0.0.1:{port}")
         try:

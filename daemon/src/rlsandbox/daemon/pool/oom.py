@@ -76,7 +76,7 @@ class OomWatch:
     def start(self) -> None:
         """Follow the kernel's log from now on (nothing older); without it, log why and go on."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as e:
             log.warning(
                 "cannot read the kernel log %s (%s): a host-wide OOM kill will count as the episode's doing", self.path, e
