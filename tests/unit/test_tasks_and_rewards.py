@@ -190,6 +190,13 @@ def test_swesmith_records_start_from_their_bug_and_are_fixed_by_its_reverse() ->
         from_swebench(SMITH, pool="p", variant="swebench")
     with pytest.raises(TaskError, match="unknown record variant"):
         from_swebench(SMITH, pool="p", variant="smith")
+    go = {**SMITH, "FAIL_TO_PASS": ["TestWrap", "TestWrap/long"]}
+    with pytest.raises(TaskError, match="name no file"):
+        from_swebench(go, pool="p")
+    go_ev = from_swebench(go, pool="p", test_command="go test -v ./...", report_format="go").evaluation
+    assert go_ev.fail_to_pass == ["TestWrap", "TestWrap/long"] and go_ev.report_format == "go"
+    assert matches("wrap/wrap_test.go", go_ev.test_files) and not matches("wrap/wrap.go", go_ev.test_files)
+    assert go_ev.pass_to_pass == SMITH["PASS_TO_PASS"]  # all run: nothing to cut them to
     with pytest.raises(TaskError, match="needs its patch"):
         from_swebench({**SMITH, "patch": ""}, pool="p", variant="swesmith")
 

@@ -89,6 +89,7 @@ async def _import_swebench(args: argparse.Namespace) -> int:
                     env=env,
                     workspace_tar=tar,
                     variant=args.variant,
+                    report_format=args.report_format,
                 )
             except TaskError as e:
                 raise InvalidArgument(str(e)) from None
@@ -248,6 +249,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--test-command",
         default="python -m pytest -rA -p no:cacheprovider {test_files}",
         help="the test command; {test_files} is replaced by the patch's test files",
+    )
+    sw.add_argument(
+        "--report-format",
+        default="pytest",
+        help="how the test command's report is read (docs/GRADING.md, 'Reports and test ids'): pytest, go-test, ...",
     )
     sw.add_argument("--out", help="output JSONL file (default: standard output)")
     sw.set_defaults(handler=_import_swebench)

@@ -90,6 +90,7 @@ def from_swebench(
     env: Mapping[str, str] | None = None,
     workspace_tar: str | None = None,
     variant: str = "auto",
+    report_format: str = "pytest",
 ) -> TaskSpec:
     """A task from a SWE-bench-style instance (instance_id, repo, base_commit, patch, test_patch,
     FAIL_TO_PASS / PASS_TO_PASS as lists or JSON strings). The repository is expected in the pool's
@@ -117,7 +118,7 @@ def from_swebench(
             "import its SWE-bench-style set instead (FAIL_TO_PASS, test_patch; R2E-Gym publishes one)"
         )
     if kind == "swesmith":
-        return _from_swesmith(instance, iid, pool, image, workspace_path, test_command, env, workspace_tar)
+        return _from_swesmith(instance, iid, pool, image, workspace_path, test_command, env, workspace_tar, report_format)
     for key in ("test_patch", "FAIL_TO_PASS"):
         if not instance.get(key):
             raise TaskError(f"{iid}: missing {key}")
@@ -136,7 +137,7 @@ def from_swebench(
         workspace=workspace,
         evaluation=EvaluationSpec(
             test_command=test_command.replace("{test_files}", " ".join(shlex.quote(f) for f in test_files)),
-            report_format="pytest",
+            report_format=report_format,
             env=dict(env or {}),
             test_patch=test_patch,
             test_files=[*test_files, *folder_globs_of_tests(test_files)],
@@ -148,6 +149,23 @@ def from_swebench(
     )
 
 
+# Test files by the conventions of the languages SWE-smith covers (Python, Go, JavaScript and
+# TypeScript, Rust, Java, ...).
+TEST_FILE_GLOBS = (
+    "**/test_*.py",
+    "**/*_test.py",
+    "**/*_test.go",
+    "**/testdata/**",
+    "**/*.test.*",
+    "**/*.spec.*",
+    "**/__tests__/**",
+    "**/tests/**",
+    "**/test/**",
+    "**/*Test.java",
+    "**/*Tests.java",
+)
+
+
 def _from_swesmith(
     instance: Mapping[str, Any],
     iid: str,
@@ -157,17 +175,30 @@ def _from_swesmith(
     test_command: str,
     env: Mapping[str, str] | None,
     workspace_tar: str | None,
+    report_format: str,
 ) -> TaskSpec:
     if not instance.get("patch"):
         raise TaskError(f"{iid}: a SWE-smith record needs its patch (the one that puts the bug in)")
     fail_to_pass = _id_list(instance.get("FAIL_TO_PASS"), "FAIL_TO_PASS", iid)
     if not fail_to_pass:
         raise TaskError(f"{iid}: missing FAIL_TO_PASS")
-    test_files = list(dict.fromkeys(t.split("::", 1)[0] for t in fail_to_pass))
+    test_files = list(dict.fromkeys(t.split("::", 1)[0] for t in fail_to_pass if "::" in t))
+    if "{test_files}" in test_command and any("::" not in t for t in fail_to_pass):
+        raise TaskError(
+            f"{iid}: FAIL_TO_PASS has ids that name no file (not pytest's path::name, as SWE-smith's Go or "
+            "JavaScript sets have): give a test command without {test_files} that runs them"
+        )
     # Only the files of FAIL_TO_PASS run (SWE-smith's own test command): the PASS_TO_PASS tests
     # elsewhere would be missing from the report, which fails a test here (SWE-smith counts a
     # missing test as passed; a policy could make any test go missing).
-    pass_to_pass = [t for t in _id_list(instance.get("PASS_TO_PASS"), "PASS_TO_PASS", iid) if t.split("::", 1)[0] in test_files]
+    pass_to_pass = [
+        t
+        for t in _id_list(instance.get("PASS_TO_PASS"), "PASS_TO_PASS", iid)
+        if not test_files or t.split("::", 1)[0] in test_files
+    ]
+    # Ids that name no file (Go's, JavaScript's): every file named like a test, in any language,
+    # is the tests' (restored before grading, the agent's own discarded).
+    protected_tests = [*test_files, *folder_globs_of_tests(test_files)] if test_files else list(TEST_FILE_GLOBS)
     bug = str(instance["patch"])
     try:
         gold: str | None = reverse_patch(bug.encode()).decode()
@@ -182,9 +213,9 @@ def _from_swesmith(
         workspace=WorkspaceSpec(path=workspace_path, source=source, tar=workspace_tar, git="reset", patch=bug),
         evaluation=EvaluationSpec(
             test_command=test_command.replace("{test_files}", " ".join(shlex.quote(f) for f in test_files)),
-            report_format="pytest",
+            report_format=report_format,
             env=dict(env or {}),
-            test_files=[*test_files, *folder_globs_of_tests(test_files)],
+            test_files=protected_tests,
             fail_to_pass=fail_to_pass,
             pass_to_pass=pass_to_pass,
         ),
