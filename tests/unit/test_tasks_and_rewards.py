@@ -197,6 +197,8 @@ def test_swesmith_records_start_from_their_bug_and_are_fixed_by_its_reverse() ->
     assert go_ev.fail_to_pass == ["TestWrap", "TestWrap/long"] and go_ev.report_format == "go"
     assert matches("wrap/wrap_test.go", go_ev.test_files) and not matches("wrap/wrap.go", go_ev.test_files)
     assert go_ev.pass_to_pass == SMITH["PASS_TO_PASS"]  # all run: nothing to cut them to
+    mixed = from_swebench({**SMITH, "FAIL_TO_PASS": ["tests/test_a.py::t", "TestWrap"]}, pool="p", test_command="make test")
+    assert matches("tests/test_a.py", mixed.evaluation.test_files) and matches("x_test.go", mixed.evaluation.test_files)
     with pytest.raises(TaskError, match="needs its patch"):
         from_swebench({**SMITH, "patch": ""}, pool="p", variant="swesmith")
 

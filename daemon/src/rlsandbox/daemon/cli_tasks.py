@@ -62,7 +62,6 @@ async def _schema(args: argparse.Namespace) -> int:
 
 async def _import_swebench(args: argparse.Namespace) -> int:
     from rlsandbox.daemon.grading.importers import from_swebench
-    from rlsandbox.daemon.grading.task import TaskError
 
     src = Path(args.path)
     lines = src.read_text(encoding="utf-8")
@@ -91,7 +90,7 @@ async def _import_swebench(args: argparse.Namespace) -> int:
                     variant=args.variant,
                     report_format=args.report_format,
                 )
-            except TaskError as e:
+            except ValueError as e:  # TaskError, or the task format's own check (a report format, say)
                 raise InvalidArgument(str(e)) from None
             out.write(spec.model_dump_json(exclude_none=True) + "\n")
     finally:
@@ -253,7 +252,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     sw.add_argument(
         "--report-format",
         default="pytest",
-        help="how the test command's report is read (docs/GRADING.md, 'Reports and test ids'): pytest, go-test, ...",
+        help="how the test command's report is read (docs/GRADING.md, 'Reports and test ids'): pytest, go, tap, ...",
     )
     sw.add_argument("--out", help="output JSONL file (default: standard output)")
     sw.set_defaults(handler=_import_swebench)

@@ -183,7 +183,8 @@ def _from_swesmith(
     if not fail_to_pass:
         raise TaskError(f"{iid}: missing FAIL_TO_PASS")
     test_files = list(dict.fromkeys(t.split("::", 1)[0] for t in fail_to_pass if "::" in t))
-    if "{test_files}" in test_command and any("::" not in t for t in fail_to_pass):
+    fileless = any("::" not in t for t in fail_to_pass)
+    if "{test_files}" in test_command and fileless:
         raise TaskError(
             f"{iid}: FAIL_TO_PASS has ids that name no file (not pytest's path::name, as SWE-smith's Go or "
             "JavaScript sets have): give a test command without {test_files} that runs them"
@@ -192,13 +193,11 @@ def _from_swesmith(
     # elsewhere would be missing from the report, which fails a test here (SWE-smith counts a
     # missing test as passed; a policy could make any test go missing).
     pass_to_pass = [
-        t
-        for t in _id_list(instance.get("PASS_TO_PASS"), "PASS_TO_PASS", iid)
-        if not test_files or t.split("::", 1)[0] in test_files
+        t for t in _id_list(instance.get("PASS_TO_PASS"), "PASS_TO_PASS", iid) if fileless or t.split("::", 1)[0] in test_files
     ]
     # Ids that name no file (Go's, JavaScript's): every file named like a test, in any language,
     # is the tests' (restored before grading, the agent's own discarded).
-    protected_tests = [*test_files, *folder_globs_of_tests(test_files)] if test_files else list(TEST_FILE_GLOBS)
+    protected_tests = [*test_files, *folder_globs_of_tests(test_files), *(TEST_FILE_GLOBS if fileless else ())]
     bug = str(instance["patch"])
     try:
         gold: str | None = reverse_patch(bug.encode()).decode()
