@@ -172,7 +172,14 @@ async def test_a_swesmith_task_in_its_own_image_starts_from_its_bug(
     repo, clean, _, bug = swesmith_clone(tmp_path)
     subprocess.run(["git", "-C", str(repo), "checkout", "-q", clean], check=True)
     tag = f"rls-test/swesmith:{uuid.uuid4().hex[:8]}"
-    await build_image(docker_runtime, tag, f"FROM {PYTHON}\nCOPY repo /testbed\nWORKDIR /testbed\n", repo=repo)
+    # The datasets' test environment is a conda env at /opt/miniconda3/envs/testbed that only
+    # bash's rc file activates: a stand-in interpreter there says that it ran.
+    conda = tmp_path / "conda"
+    conda.mkdir()
+    (conda / "python").write_text('#!/bin/sh\necho "ran in the testbed env" >&2\nexec python3 "$@"\n')
+    (conda / "python").chmod(0o755)
+    dockerfile = f"FROM {PYTHON}\nCOPY conda /opt/miniconda3/envs/testbed/bin\nCOPY repo /testbed\nWORKDIR /testbed\n"
+    await build_image(docker_runtime, tag, dockerfile, repo=repo, conda=conda)
     record = {
         "instance_id": "acme__fmt.0000aaaa.func_pm_op_swap__x1",
         "image_name": tag,
@@ -180,7 +187,7 @@ async def test_a_swesmith_task_in_its_own_image_starts_from_its_bug(
         "FAIL_TO_PASS": ["tests/test_fmt.py::test_width"],
         "PASS_TO_PASS": ["tests/test_fmt.py::test_width_zero"],
     }
-    spec = from_swebench(record, image="field", test_command="python3 -m pytest -rA -p no:cacheprovider {test_files}")
+    spec = from_swebench(record, image="field")  # the default test command: python -m pytest
     try:
         async with AsyncClient(node.address, timeout=120) as client, client.session(task=(spec.model_dump_json(), b"")) as s:
             assert s.info.workdir == "/testbed"
@@ -193,6 +200,7 @@ async def test_a_swesmith_task_in_its_own_image_starts_from_its_bug(
             await s.write_files({"pkg/fmt.py": FMT})
             solved = await s.grade()
         assert (unsolved.reward, solved.reward) == (0.0, 1.0), (unsolved.message, solved.message)
+        assert b"ran in the testbed env" in solved.log, solved.log[-2000:]
     finally:
         pool = image_pool_name(tag)
 

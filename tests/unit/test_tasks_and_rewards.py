@@ -126,6 +126,9 @@ def test_swebench_import() -> None:
     assert ev.test_command.endswith("astropy/modeling/tests/test_separable.py")
     assert ev.test_patch == SWE["test_patch"] and spec.gold_patch == SWE["patch"]
     assert spec.metadata["base_commit"] == SWE["base_commit"]
+    # The images' test environment is their conda env, activated only in bash's rc file.
+    assert ev.env["PATH"].startswith("/opt/miniconda3/envs/testbed/bin:")
+    assert from_swebench(SWE, pool="p", env={"PATH": "/venv/bin"}).evaluation.env == {"PATH": "/venv/bin"}
     with pytest.raises(TaskError, match="not a JSON list"):
         from_swebench({**SWE, "FAIL_TO_PASS": "nope"}, pool="p")
 

@@ -64,6 +64,19 @@ def folder_globs_of_tests(test_files: list[str]) -> list[str]:
 
 
 VARIANTS = ("auto", "swebench", "swesmith")
+# The test environment in SWE-bench's, SWE-Gym's and SWE-smith's images is the conda env
+# `testbed`, which their eval scripts activate in bash (their images put the activation in
+# /root/.bashrc only). A task's test command runs under sh: the env goes first on its PATH, or
+# `python -m pytest` is the base interpreter's, without pytest or the project's dependencies.
+DATASET_IMAGE_PATH = (
+    "/opt/miniconda3/envs/testbed/bin:/opt/miniconda3/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
+
+
+def evaluation_env(env: Mapping[str, str] | None, *, image_workspace: bool) -> dict[str, str]:
+    """The test command's environment: ``env``, with the datasets' conda env on PATH when the
+    repository is the image's (a PATH given in ``env`` wins)."""
+    return {"PATH": DATASET_IMAGE_PATH, **(env or {})} if image_workspace else dict(env or {})
 
 
 def record_variant(instance: Mapping[str, Any]) -> str:
@@ -138,7 +151,7 @@ def from_swebench(
         evaluation=EvaluationSpec(
             test_command=test_command.replace("{test_files}", " ".join(shlex.quote(f) for f in test_files)),
             report_format=report_format,
-            env=dict(env or {}),
+            env=evaluation_env(env, image_workspace=not workspace_tar),
             test_patch=test_patch,
             test_files=[*test_files, *folder_globs_of_tests(test_files)],
             fail_to_pass=_id_list(instance.get("FAIL_TO_PASS"), "FAIL_TO_PASS", iid),
@@ -213,7 +226,7 @@ def _from_swesmith(
         evaluation=EvaluationSpec(
             test_command=test_command.replace("{test_files}", " ".join(shlex.quote(f) for f in test_files)),
             report_format=report_format,
-            env=dict(env or {}),
+            env=evaluation_env(env, image_workspace=not workspace_tar),
             test_files=protected_tests,
             fail_to_pass=fail_to_pass,
             pass_to_pass=pass_to_pass,
