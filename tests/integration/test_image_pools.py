@@ -193,9 +193,9 @@ async def test_a_swesmith_task_in_its_own_image_starts_from_its_bug(
             assert s.info.workdir == "/testbed"
             seen = await s.exec(
                 "grep -c 'indent - total' pkg/fmt.py; git status --porcelain; git log --all --oneline | wc -l; "
-                "git log --all -p | grep -c 'total - indent'"
+                "git log --all -p | grep -c 'total - indent'; command -v python"
             )
-            assert seen.stdout == b"1\n1\n0\n", (seen.stdout, seen.stderr)
+            assert seen.stdout == b"1\n1\n0\n/opt/miniconda3/envs/testbed/bin/python\n", (seen.stdout, seen.stderr)
             unsolved = await s.grade()
             await s.write_files({"pkg/fmt.py": FMT})
             solved = await s.grade()

@@ -127,7 +127,7 @@ def test_swebench_import() -> None:
     assert ev.test_patch == SWE["test_patch"] and spec.gold_patch == SWE["patch"]
     assert spec.metadata["base_commit"] == SWE["base_commit"]
     # The images' test environment is their conda env, activated only in bash's rc file.
-    assert ev.env["PATH"].startswith("/opt/miniconda3/envs/testbed/bin:")
+    assert ev.env["PATH"].startswith("/opt/miniconda3/envs/testbed/bin:") and spec.env == {"PATH": ev.env["PATH"]}
     assert from_swebench(SWE, pool="p", env={"PATH": "/venv/bin"}).evaluation.env == {"PATH": "/venv/bin"}
     with pytest.raises(TaskError, match="not a JSON list"):
         from_swebench({**SWE, "FAIL_TO_PASS": "nope"}, pool="p")
@@ -252,6 +252,7 @@ def test_swebench_import_from_a_local_clone_with_env(tmp_path: Path) -> None:
     assert code == 0
     task = load_tasks(out)[0]
     assert task.spec.workspace.source == "bundle" and task.spec.evaluation.env == {"PYTHONPATH": "src"}
+    assert task.spec.env == {}  # the pool's image: its own PATH
     assert task.spec.evaluation.test_command == "python3 -m pytest astropy/modeling/tests/test_separable.py"
     with tarfile.open(fileobj=io.BytesIO(task.workspace_tar)) as tar:
         assert tar.extractfile("src/pkg/__init__.py").read() == b"X = 1\n"  # type: ignore[union-attr]

@@ -142,16 +142,18 @@ def from_swebench(
         if workspace_tar
         else WorkspaceSpec(path=workspace_path, source="image", git="reset")
     )
+    test_env = evaluation_env(env, image_workspace=not workspace_tar)
     return TaskSpec(
         id=iid,
         pool=pool,
         image=instance_image(instance, image) if image else "",
         problem_statement=str(instance.get("problem_statement", "")),
+        env={"PATH": test_env["PATH"]} if not workspace_tar else {},  # the episode's commands: the same
         workspace=workspace,
         evaluation=EvaluationSpec(
             test_command=test_command.replace("{test_files}", " ".join(shlex.quote(f) for f in test_files)),
             report_format=report_format,
-            env=evaluation_env(env, image_workspace=not workspace_tar),
+            env=test_env,
             test_patch=test_patch,
             test_files=[*test_files, *folder_globs_of_tests(test_files)],
             fail_to_pass=_id_list(instance.get("FAIL_TO_PASS"), "FAIL_TO_PASS", iid),
@@ -217,16 +219,18 @@ def _from_swesmith(
     except PatchError:
         gold = None  # a binary bug: validation says the task has no gold patch
     source: Literal["bundle", "image"] = "bundle" if workspace_tar else "image"
+    test_env = evaluation_env(env, image_workspace=not workspace_tar)
     return TaskSpec(
         id=iid,
         pool=pool,
         image=instance_image(instance, image) if image else "",
         problem_statement=str(instance.get("problem_statement", "")),
+        env={"PATH": test_env["PATH"]} if not workspace_tar else {},  # the episode's commands: the same
         workspace=WorkspaceSpec(path=workspace_path, source=source, tar=workspace_tar, git="reset", patch=bug),
         evaluation=EvaluationSpec(
             test_command=test_command.replace("{test_files}", " ".join(shlex.quote(f) for f in test_files)),
             report_format=report_format,
-            env=evaluation_env(env, image_workspace=not workspace_tar),
+            env=test_env,
             test_files=protected_tests,
             fail_to_pass=fail_to_pass,
             pass_to_pass=pass_to_pass,

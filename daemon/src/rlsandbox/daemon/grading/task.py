@@ -190,6 +190,11 @@ class TaskSpec(_Model):
     )
     problem_statement: str = Field("", description="What the agent is asked to do.")
     workspace: WorkspaceSpec = Field(default_factory=lambda: WorkspaceSpec())
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment of the episode's commands (a session's own env adds to it and wins): "
+        "PATH=... for an image whose tools are off the default PATH, say.",
+    )
     setup: list[str] = Field(default_factory=list, description="Shell commands run in the workspace at session start.")
     setup_timeout: float = Field(300.0, gt=0, le=24 * 3600)
     evaluation: EvaluationSpec

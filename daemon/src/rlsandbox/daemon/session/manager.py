@@ -217,6 +217,8 @@ class SessionManager:
             )
         if options.task is not None and self.grader is None:
             raise FailedPrecondition("this node has no grader; it cannot start sessions from tasks")
+        if options.task is not None and options.task.spec.env:
+            options = replace(options, env={**options.task.spec.env, **options.env})
         if options.task is not None and "task" not in options.labels:
             options = replace(options, labels={**options.labels, "task": options.task.id})
         if options.task is not None and not options.task_ref:
