@@ -209,3 +209,108 @@ async def test_a_swesmith_task_in_its_own_image_starts_from_its_bug(
 
         await eventually(pool_gone, timeout=30, what=f"pool {pool} and its containers removed")
         await docker_runtime.images.remove(tag)
+
+
+R2E_TESTS = """from oracle import expected
+from pkg.fmt import width
+
+
+def test_width():
+    assert width(78, 2) == expected(78, 2)
+
+
+class TestFmt:
+    def test_zero(self):
+        assert width(0, 0) == 0
+
+
+def test_known_broken():
+    assert False
+"""
+
+
+async def test_an_r2egym_record_runs_in_its_image_with_its_tests_hidden_and_its_venv_the_images(
+    node: NodeDaemon, docker_runtime: DockerRuntime, tmp_path: Path
+) -> None:
+    """R2E-Gym's own layout: the repository at /testbed before its fix (the fix a later commit),
+    its virtualenv inside it (/testbed/.venv), the hidden tests in the image at /r2e_tests, and a
+    record that names tests without their file. Imported with the tests read from the image; the
+    policy finds neither the tests nor the fix; the virtualenv is the image's in the clean room,
+    whatever the episode did to its own (deleted, or made too big to read)."""
+    from rlsandbox.daemon import cli
+    from rlsandbox.daemon.grading.task import load_tasks
+
+    repo, _, _, _ = swesmith_clone(tmp_path)  # HEAD has the bug; its parent is the fix
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "checkout", "-q", "-b", "fixed", "HEAD~1"], check=True)
+    subprocess.run([*git, "checkout", "-q", "-"], check=True)  # the fix stays reachable, as in R2E-Gym's images
+    (repo / "run_tests.sh").write_text(".venv/bin/python -W ignore -m pytest -rA r2e_tests\n")
+    tests = tmp_path / "r2e_tests"
+    tests.mkdir()
+    (tests / "test_1.py").write_text(R2E_TESTS)
+    tag = f"rls-test/r2egym:{uuid.uuid4().hex[:8]}"
+    dockerfile = (
+        f"FROM {PYTHON}\nCOPY repo /testbed\nCOPY r2e_tests /r2e_tests\nWORKDIR /testbed\n"
+        "RUN python3 -m venv --without-pip --system-site-packages /testbed/.venv && "
+        "echo 'import sys; sys.stderr.write(\"ran in the venv\\\\n\")' "
+        "> /testbed/.venv/lib/python3.11/site-packages/r2e_marker.pth && "
+        "echo 'def expected(total, indent): return 76' > /testbed/.venv/lib/python3.11/site-packages/oracle.py\n"
+    )
+    await build_image(docker_runtime, tag, dockerfile, repo=repo, r2e_tests=tests)
+    before = "=== short test summary info ===\nFAILED r2e_tests/test_1.py::test_width - assert\n"
+    before += "PASSED r2e_tests/test_1.py::TestFmt::test_zero\nFAILED r2e_tests/test_1.py::test_known_broken\n"
+    record = {
+        "repo_name": "fmt",
+        "commit_hash": "f" * 40,
+        "docker_image": tag,
+        "problem_statement": "[ISSUE]\nwidth() is negative.\n[/ISSUE]",
+        "expected_output_json": json.dumps(
+            {"test_width": "PASSED", "TestFmt.test_zero": "PASSED", "test_known_broken": "FAILED"}
+        ),
+        "execution_result_content": json.dumps({"old_commit_res_stdout": before, "test_file_names": [], "test_file_codes": []}),
+    }
+    (tmp_path / "r2e.jsonl").write_text(json.dumps(record) + "\n")
+    out = tmp_path / "tasks.jsonl"
+    argv = ["tasks", "import-swebench", str(tmp_path / "r2e.jsonl"), "--image", "field", "--tests-from-image", "--out", str(out)]
+    try:
+        assert await asyncio.to_thread(cli.main, argv) == 0
+        [task] = load_tasks(out)
+        ev = task.spec.evaluation
+        assert (ev.fail_to_pass, ev.pass_to_pass) == (
+            ["r2e_tests/test_1.py::test_width"],
+            ["r2e_tests/test_1.py::TestFmt::test_zero"],
+        )
+        assert ev.hidden_tests == {"r2e_tests/test_1.py": R2E_TESTS}
+        async with AsyncClient(node.address, timeout=120) as client, client.session(task=task) as s:
+            seen = await s.exec(
+                "ls -d /r2e_tests r2e_tests run_tests.sh 2>&1 | grep -c 'No such file'; git status --porcelain; "
+                "git log --all --oneline | wc -l; git log --all -p | grep -c 'total - indent'; command -v python"
+            )
+            assert seen.stdout == b"3\n1\n0\n/testbed/.venv/bin/python\n", (seen.stdout, seen.stderr)
+            unsolved = await s.grade()
+            # The policy writes tests that pass where the tests arrive: never read.
+            await s.write_files({"r2e_tests/test_1.py": "def test_width():\n    pass\n"})
+            cheated = await s.grade()
+            # It shadows the virtualenv's module the tests compare with: the image's, not the project's.
+            await s.write_files({"oracle.py": "def expected(total, indent):\n    return indent - total\n"})
+            shadowed = await s.grade()
+            await s.exec("rm oracle.py")
+            # It fixes the code, and wrecks its own virtualenv: the clean room has the image's.
+            await s.write_files({"pkg/fmt.py": FMT})
+            wrecked = await s.exec("rm -rf .venv/lib && truncate -s 300M .venv/big && git status --porcelain")
+            assert wrecked.exit_code == 0 and wrecked.stdout == b" M pkg/fmt.py\n", wrecked.stdout
+            solved = await s.grade()
+        assert (unsolved.reward, cheated.reward, shadowed.reward, solved.reward) == (0.0, 0.0, 0.0, 1.0), (
+            shadowed.message,
+            solved.message,
+        )
+        assert any("oracle.py" in t and "shadows" in t for t in shadowed.tampering), shadowed.tampering
+        assert b"ran in the venv" in solved.log, solved.log[-2000:]
+    finally:
+        pool = image_pool_name(tag)
+
+        async def pool_gone() -> bool:
+            return pool not in node.pools and not await docker_runtime.list_containers({LABEL_POOL: pool})
+
+        await eventually(pool_gone, timeout=30, what=f"pool {pool} and its containers removed")
+        await docker_runtime.images.remove(tag)

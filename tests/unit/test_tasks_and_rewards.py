@@ -9,8 +9,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from rlsandbox.daemon import cli
-from rlsandbox.daemon.grading.importers import from_swebench, patch_files, record_variant
+from rlsandbox.daemon.grading.importers import from_r2egym, from_swebench, patch_files, r2egym_log_outcomes, record_variant
+from rlsandbox.daemon.grading.prepare import _joined
 from rlsandbox.daemon.grading.reports import Outcome, TestCase, TestReport
 from rlsandbox.daemon.grading.rewards import (
     MISSING,
@@ -26,6 +28,7 @@ from rlsandbox.daemon.grading.task import (
     RewardSpec,
     Task,
     TaskError,
+    TaskSpec,
     json_schema,
     load_tasks,
     matches,
@@ -206,17 +209,64 @@ def test_swesmith_records_start_from_their_bug_and_are_fixed_by_its_reverse() ->
         from_swebench({**SMITH, "patch": ""}, pool="p", variant="swesmith")
 
 
-def test_r2e_gym_records_of_their_own_layout_are_refused_with_the_way_out() -> None:
-    r2e = {
-        "instance_id": "aiohttp__aiohttp-1",
-        "repo_name": "aiohttp",
-        "docker_image": "namanjain12/aiohttp_final:f0d74880",
-        "expected_output_json": '{"r2e_tests/test_web.py::test_x": "PASSED"}',
-        "problem_statement": "x",
-    }
-    assert record_variant(r2e) == "r2e-gym"
-    with pytest.raises(TaskError, match="SWE-bench-style set"):
-        from_swebench(r2e, image="field")
+R2E_TEST_FILE = (
+    "import pytest\nfrom pkg import f\n\n\ndef test_new():\n    assert f()\n\n\nclass TestOld:\n"
+    "    @pytest.mark.parametrize('x', [1.5])\n    def test_p(self, x):\n        assert x\n\n\ndef test_flaky():\n    pass\n"
+)
+R2E = {
+    "repo_name": "aiohttp",
+    "commit_hash": "f0d74880" + "0" * 32,
+    "docker_image": "namanjain12/aiohttp_final:f0d74880",
+    "problem_statement": "Intro.\n[ISSUE]\nf() is wrong\n[/ISSUE]\nmore",
+    # R2E-Gym's ids drop the file: its log parser joins what follows it with dots.
+    "expected_output_json": json.dumps({"test_new": "PASSED", "TestOld.test_p[1.5]": "PASSED", "test_flaky": "FAILED"}),
+    "execution_result_content": json.dumps(
+        {
+            "test_file_names": ["test_1.py"],
+            "test_file_codes": [R2E_TEST_FILE],
+            "old_commit_res_stdout": "=== short test summary info ===\n"
+            "\x1b[32mPASSED\x1b[0m r2e_tests/test_1.py::TestOld::test_p[1.5]\n"
+            "FAILED r2e_tests/test_1.py::test_new - AssertionError\n",
+        }
+    ),
+}
+
+
+def test_r2e_gym_records_of_their_own_layout_run_in_their_image_with_their_tests_hidden() -> None:
+    assert record_variant(R2E) == "r2e-gym"
+    spec = from_swebench(R2E, image="field")  # auto, R2E-Gym's test command over the SWE-bench default
+    ev = spec.evaluation
+    assert spec.id == "aiohttp__f0d748800000" and spec.image == R2E["docker_image"] and spec.problem_statement == "f() is wrong"
+    # Each id found in the module that defines it; what passed before the fix too is PASS_TO_PASS;
+    # what R2E-Gym expects to fail is not graded.
+    assert ev.fail_to_pass == ["r2e_tests/test_1.py::test_new"]
+    assert ev.pass_to_pass == ["r2e_tests/test_1.py::TestOld::test_p[1.5]"]
+    assert ev.hidden_tests == {"r2e_tests/test_1.py": R2E_TEST_FILE}
+    assert ev.test_command.startswith("/testbed/.venv/bin/python -W ignore -m pytest -rA")  # the venv's, probed by path
+    assert spec.workspace.exclude == [".venv", "r2e_tests", "run_tests.sh"] and spec.workspace.git == "reset"
+    assert spec.setup == ["rm -rf /r2e_tests r2e_tests run_tests.sh"]  # the image's copy: never the policy's to read
+    assert spec.env["PATH"].startswith("/testbed/.venv/bin:") and spec.gold_patch is None
+    assert from_swebench(R2E, pool="p", test_command="bash my_tests.sh").evaluation.test_command == "bash my_tests.sh"
+    with pytest.raises(TaskError, match="defined in none"):
+        from_r2egym({**R2E, "expected_output_json": json.dumps({"test_elsewhere": "PASSED"})})
+    with pytest.raises(TaskError, match="--tests-from-image"):
+        from_r2egym({**R2E, "execution_result_content": "{}"})
+    with pytest.raises(TaskError, match="no test that the fix makes pass"):
+        from_r2egym({**R2E, "expected_output_json": json.dumps({"TestOld.test_p[1.5]": "PASSED"})})
+    # The image's own tests win over the record's when given; a name in two modules counts in each.
+    two = from_r2egym(R2E, {"test_1.py": R2E_TEST_FILE, "sub/test_2.py": "def test_new():\n    pass\n"})
+    assert two.evaluation.fail_to_pass == ["r2e_tests/sub/test_2.py::test_new", "r2e_tests/test_1.py::test_new"]
+    assert r2egym_log_outcomes("PASSED a.py::t\n") == {}  # only the short summary counts
+
+
+def test_workspace_exclude_is_plain_paths_below_the_workspace() -> None:
+    ev = {"test_command": "true", "report_format": "exit-code"}
+    ok = TaskSpec.model_validate({"id": "t", "pool": "p", "workspace": {"exclude": ["./.venv/", "a/b"]}, "evaluation": ev})
+    assert ok.workspace.exclude == [".venv", "a/b"]
+    assert ok.workspace.excluded(".venv/bin/python") and not ok.workspace.excluded(".venv2")
+    for bad in ("../x", "/abs", "*.venv", ".", ".git", "a\nb"):
+        with pytest.raises(ValidationError, match=r"exclude|relative"):
+            TaskSpec.model_validate({"id": "t", "pool": "p", "workspace": {"exclude": [bad]}, "evaluation": ev})
 
 
 def test_swegym_images_are_named_with_their_own_separator() -> None:
@@ -317,6 +367,38 @@ def test_plan_type_change_deletes_first_and_binary_is_kept() -> None:
         assert tar.getmember("data/blob.bin").mode == 0o600
         assert tar.getnames().index("data") < tar.getnames().index("data/blob.bin")
         assert tar.extractfile("tests/h.py").read() == b"hidden"  # type: ignore[union-attr]
+
+
+def test_excluded_paths_are_in_no_snapshot_and_their_folders_are_never_deleted() -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in ("ws/a.py", "ws/.venv/bin/python", "ws/.venv2", "ws/lib/.venv/x"):
+            info = tarfile.TarInfo(name)
+            tar.addfile(info, io.BytesIO(b""))
+    assert set(snapshot_from_archive(buf.getvalue(), [".venv", "lib/.venv"]).entries) == {"a.py", ".venv2"}
+    # The agent deleted the folder that holds an excluded path: the clean room keeps it.
+    base = snap(lib=None, lib__m_DOT_py="m")
+    changes = plan(base, snap(), protected=[], test_files=[], hidden=[], kept=["lib/.venv"])
+    assert changes.deletes == ["lib/m.py"]
+    file_in_place = plan(
+        base, Snapshot({"lib": Entry("file", 0o644, b"x")}), protected=[], test_files=[], hidden=[], kept=["lib/.venv"]
+    )
+    assert "lib" not in file_in_place.writes and any("replaces a folder" in d for d in file_in_place.discarded)
+
+
+def test_an_archive_joined_around_excluded_paths_reads_like_the_engines() -> None:
+    def one(name: str, data: bytes) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+    joined = _joined("testbed", ["", "lib"], [("testbed/", one("a.py", b"a")), ("testbed/lib", one("m.py", b"m"))])
+    snapshot = snapshot_from_archive(joined)
+    assert snapshot.entries["a.py"].data == b"a" and snapshot.entries["lib/m.py"].data == b"m"
+    assert snapshot.entries["lib"].type == "dir"
 
 
 def test_snapshot_from_engine_archive_strips_the_folder_name_and_git() -> None:

@@ -61,7 +61,7 @@ async def _schema(args: argparse.Namespace) -> int:
 
 
 async def _import_swebench(args: argparse.Namespace) -> int:
-    from rlsandbox.daemon.grading.importers import from_swebench
+    from rlsandbox.daemon.grading.importers import from_swebench, record_variant
 
     src = Path(args.path)
     lines = src.read_text(encoding="utf-8")
@@ -79,6 +79,10 @@ async def _import_swebench(args: argparse.Namespace) -> int:
         for doc in docs:
             tar = _archive_base_commit(args.repo, doc, Path(args.out)) if args.repo else None
             try:
+                if args.tests_from_image and args.variant in ("auto", "r2e-gym") and record_variant(doc) == "r2e-gym":
+                    spec = await _r2egym_from_image(doc, args, env)
+                    out.write(spec.model_dump_json(exclude_none=True) + "\n")
+                    continue
                 spec = from_swebench(
                     doc,
                     pool=args.pool or "",
@@ -98,6 +102,38 @@ async def _import_swebench(args: argparse.Namespace) -> int:
             out.close()
     print(f"{len(docs)} task(s) imported", file=sys.stderr)
     return 0
+
+
+async def _r2egym_from_image(doc: dict[str, Any], args: argparse.Namespace, env: dict[str, str]) -> Any:
+    """An R2E-Gym record's task with its tests as its image (local) holds them at /r2e_tests."""
+    import io
+    import tarfile
+
+    from rlsandbox.daemon.grading.importers import R2E_TESTS_IN_IMAGE, from_r2egym, instance_image, r2egym_instance_id
+    from rlsandbox.daemon.grading.task import TaskError, check_relative
+    from rlsandbox.daemon.runtime.docker import DockerRuntime
+
+    if args.pool:
+        raise TaskError("--tests-from-image needs each record's image: give --image (a template, or 'field')")
+    iid = r2egym_instance_id(doc)
+    image = instance_image({**doc, "instance_id": iid}, args.image)
+    async with DockerRuntime(owner="rlsandbox-tasks", instance="import") as runtime:
+        data = await runtime.image_folder(image, R2E_TESTS_IN_IMAGE, 64 << 20)
+    if data is None:
+        raise TaskError(f"{iid}: the image {image} has no {R2E_TESTS_IN_IMAGE}")
+    tests: dict[str, str] = {}
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar:
+            rel = member.name.partition("/")[2]
+            if not member.isfile() or not rel or "__pycache__" in rel.split("/") or rel.endswith(".pyc"):
+                continue
+            f = tar.extractfile(member)
+            try:
+                tests[check_relative(rel)] = f.read().decode() if f else ""
+            except UnicodeDecodeError:
+                raise TaskError(f"{iid}: {R2E_TESTS_IN_IMAGE}/{rel} in {image} is binary (hidden tests are text)") from None
+    command = "" if "{test_files}" in args.test_command else args.test_command
+    return from_r2egym(doc, tests, image=args.image, workspace_path=args.workspace, test_command=command, env=env)
 
 
 async def _import_harbor(args: argparse.Namespace) -> int:
@@ -236,10 +272,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     sw.add_argument(
         "--variant",
-        choices=("auto", "swebench", "swesmith"),
+        choices=("auto", "swebench", "swesmith", "r2e-gym"),
         default="auto",
         help="the records' layout: swebench (test_patch and the fix: SWE-bench, SWE-Gym, SWE-bench-extra, R2E-Gym's "
-        "SWE-bench-style sets), swesmith (the bug patch, tests in the repository); auto tells them apart by their fields",
+        "SWE-bench-style sets), swesmith (the bug patch, tests in the repository), r2e-gym (R2E-Gym's own: "
+        "expected_output_json, tests in the image); auto tells them apart by their fields",
+    )
+    sw.add_argument(
+        "--tests-from-image",
+        action="store_true",
+        help="r2e-gym: read each record's hidden tests from its local image's /r2e_tests (instead of the record's "
+        "execution_result_content)",
     )
     sw.add_argument("--workspace", default="/testbed", help="where the repository is in the sandbox (default /testbed)")
     sw.add_argument("--repo", help="a local clone: each workspace is its base_commit's tree, copied in")

@@ -151,11 +151,11 @@ class Grader:
         pool = self.pools.get(agent.pool)
         if pool is None:  # pragma: no cover - a session's pool exists while the session does
             raise FailedPrecondition(f"pool {agent.pool} is gone")
-        ws = task.spec.workspace.path
+        ws, excluded = task.spec.workspace.path, task.spec.workspace.exclude
         try:
             with tracing.span("grade.agent_archive", **{"rlsandbox.container": agent.container_id}):
                 agent_archive = await self.workspaces.read(
-                    agent, ws, self.max_workspace_bytes, fresh=False, timeout=self.agent_read_timeout
+                    agent, ws, self.max_workspace_bytes, fresh=False, timeout=self.agent_read_timeout, exclude=excluded
                 )
         except FileTooLarge:
             return episodes_mess(f"the workspace {ws} is over the grading limit of {self.max_workspace_bytes >> 20} MiB")
@@ -173,7 +173,7 @@ class Grader:
             try:
                 with tracing.span("grade.base_archive"):
                     facts, base_archive = await asyncio.gather(
-                        self._probe(room, task), self.workspaces.read(room, ws, MAX_SNAPSHOT_BYTES, fresh=True)
+                        self._probe(room, task), self.workspaces.read(room, ws, MAX_SNAPSHOT_BYTES, fresh=True, exclude=excluded)
                     )
             except FileTooLarge:
                 raise TaskSetupFailed(
@@ -223,15 +223,15 @@ class Grader:
 
         The answer depends on the image, the setup commands and the environment only: it is cached.
         """
-        ev = task.spec.evaluation
-        key = (room.image, tuple(task.spec.setup), tuple(sorted(ev.env.items())), ev.test_command, task.spec.workspace.path)
+        ev, ws = task.spec.evaluation, task.spec.workspace
+        key = (room.image, tuple(task.spec.setup), tuple(sorted(ev.env.items())), ev.test_command, ws.path, tuple(ws.exclude))
         if key in self._facts:
             return self._facts[key]
         facts: ImportFacts | None = None
         for python in interpreters(ev.test_command):
             run = await room.exec(
                 ExecRequest(
-                    argv=(python, "-c", PROBE, task.spec.workspace.path),
+                    argv=(python, "-c", PROBE, ws.path, *(posixpath.join(ws.path, e) for e in ws.exclude)),
                     cwd="/",
                     env={**ev.env, **GRADE_ENV},
                     timeout=STEP_TIMEOUT,
@@ -259,7 +259,7 @@ class Grader:
                 agent, ExecRequest(argv=("rm", "-rf", "--", *targets), timeout=STEP_TIMEOUT), "clear hidden test paths"
             )
         if ev.test_patch:
-            mine = snapshot_from_archive(await self._archive(agent, ws))
+            mine = snapshot_from_archive(await self._archive(agent, ws, task.spec.workspace.exclude))
             try:
                 patched = apply_patch(
                     ev.test_patch.encode(), {p: file_data(mine, p) for p in patch_paths(ev.test_patch.encode())}
@@ -278,9 +278,9 @@ class Grader:
             _host_oom_during_run(pool, agent, evaluated, "the sandbox")
         return result
 
-    async def _archive(self, sandbox: Sandbox, path: str) -> bytes:
+    async def _archive(self, sandbox: Sandbox, path: str, exclude: list[str]) -> bytes:
         try:
-            return await self.workspaces.read(sandbox, path, self.max_workspace_bytes, fresh=False)
+            return await self.workspaces.read(sandbox, path, self.max_workspace_bytes, fresh=False, exclude=exclude)
         except FileTooLarge as e:
             raise FailedPrecondition(f"the workspace {path} is too large to grade: {e.message}") from None
 

@@ -3,8 +3,10 @@ Terminal-Bench task folders)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import posixpath
+import re
 import shlex
 import tomllib
 from collections.abc import Mapping
@@ -21,6 +23,7 @@ from rlsandbox.daemon.grading.task import (
     TaskError,
     TaskSpec,
     WorkspaceSpec,
+    check_relative,
 )
 from rlsandbox.integrations.harbor_tasks import dockerfile_workdir, harbor_image, harbor_task_id
 
@@ -63,7 +66,7 @@ def folder_globs_of_tests(test_files: list[str]) -> list[str]:
     return [f"{f}/**" for f in named if not any(f.startswith(g + "/") for g in named)]
 
 
-VARIANTS = ("auto", "swebench", "swesmith")
+VARIANTS = ("auto", "swebench", "swesmith", "r2e-gym")
 # The test environment in SWE-bench's, SWE-Gym's and SWE-smith's images is the conda env
 # `testbed`, which their eval scripts activate in bash (their images put the activation in
 # /root/.bashrc only). A task's test command runs under sh: the env goes first on its PATH, or
@@ -116,20 +119,25 @@ def from_swebench(
     :func:`instance_image` for the template).
 
     ``variant``: ``auto`` tells the layouts apart by their fields (:func:`record_variant`);
+    ``r2e-gym`` records go to :func:`from_r2egym` (with their own test files, and R2E-Gym's test
+    command unless ``test_command`` is one without ``{test_files}``);
     ``swesmith`` records become tasks whose workspace starts with the record's bug patch applied
     (``workspace.patch``), whose tests are the repository's own files that hold FAIL_TO_PASS (run
     and restored before grading, as SWE-smith runs them), and whose gold patch is the bug's reverse."""
-    iid = str(instance.get("instance_id") or "")
-    if not iid:
-        raise TaskError("SWE-bench instance without instance_id")
     if variant not in VARIANTS:
         raise TaskError(f"unknown record variant {variant!r}; use one of {', '.join(VARIANTS)}")
     kind = record_variant(instance) if variant == "auto" else variant
     if kind == "r2e-gym":
-        raise TaskError(
-            f"{iid}: an R2E-Gym record of its own layout (expected_output_json, tests baked into the image): "
-            "import its SWE-bench-style set instead (FAIL_TO_PASS, test_patch; R2E-Gym publishes one)"
-        )
+        if workspace_tar:
+            raise TaskError(f"{r2egym_instance_id(instance)}: an R2E-Gym task runs in its own image (its virtualenv is there)")
+        command = "" if "{test_files}" in test_command else test_command
+        return from_r2egym(
+            instance, pool=pool, image=image or ("field" if not pool else ""), workspace_path=workspace_path,
+            test_command=command, env=env,
+        )  # fmt: skip
+    iid = str(instance.get("instance_id") or "")
+    if not iid:
+        raise TaskError("SWE-bench instance without instance_id")
     if kind == "swesmith":
         return _from_swesmith(instance, iid, pool, image, workspace_path, test_command, env, workspace_tar, report_format)
     for key in ("test_patch", "FAIL_TO_PASS"):
@@ -239,6 +247,176 @@ def _from_swesmith(
         metadata={
             "variant": "swesmith",
             **{k: instance[k] for k in ("repo", "base_commit", "image_name", "created_at") if k in instance},
+        },
+    )
+
+
+# -- R2E-Gym's own layout ---------------------------------------------------------------------------
+# Its images hold the repository at /testbed at the commit before the fix, with its virtualenv
+# inside (/testbed/.venv), and the hidden tests at /r2e_tests. R2E-Gym's own runtime only moves
+# them to /root, where its root agent can still read them: here they travel in the task, only to
+# the clean room, and the episode's setup deletes the image's copy. The runner is R2E-Gym's
+# run_tests.sh, `.venv/bin/python -W ignore -m pytest -rA r2e_tests`, named by absolute path so
+# the grader probes (and guards) the virtualenv's pytest.
+R2E_TESTS_IN_IMAGE = "/r2e_tests"
+R2E_TESTS = "r2e_tests"  # where the clean room gets them, in the workspace (R2E-Gym links them there)
+R2E_VENV = ".venv"
+R2E_TEST_COMMAND = "{workspace}/.venv/bin/python -W ignore -m pytest -rA -p no:cacheprovider r2e_tests"
+_R2E_ISSUE = re.compile(r"\[ISSUE\](.*)\[/ISSUE\]", re.DOTALL)
+
+
+def r2egym_instance_id(instance: Mapping[str, Any]) -> str:
+    """An R2E-Gym record's id: its own ``instance_id``, else its repository and fix commit."""
+    if instance.get("instance_id"):
+        return str(instance["instance_id"])
+    repo, commit = str(instance.get("repo_name") or ""), str(instance.get("commit_hash") or "")
+    if not repo or not commit:
+        raise TaskError("R2E-Gym record without instance_id, repo_name or commit_hash: cannot name its task")
+    return f"{repo}__{commit[:12]}"
+
+
+def top_level_names(source: str) -> set[str]:
+    """The functions and classes a test module defines at its top level (what pytest collects)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):  # TestX = make_tests(...)
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def r2egym_test_ids(iid: str, expected: Mapping[str, str], tests: Mapping[str, str], folder: str = R2E_TESTS) -> list[str]:
+    """pytest node ids of the tests R2E-Gym expects to pass. Its ids drop the file
+    (``TestX.test_y[p]`` for ``r2e_tests/test_1.py::TestX::test_y[p]``: its log parser joins what
+    follows the file with dots); each is found in the hidden test module that defines its first
+    name, so it matches the report only there (a same-named test the agent adds elsewhere does not
+    count). A name defined in several modules is expected in each."""
+    modules = {path: top_level_names(text) for path, text in tests.items() if path.endswith(".py")}
+    ids: list[str] = []
+    for key, status in expected.items():
+        if status != "PASSED" or not key:
+            continue  # R2E-Gym expects some tests to fail even after the fix: they are not graded here
+        head, bracket, params = key.partition("[")
+        parts = head.split(".")
+        where = sorted(path for path, names in modules.items() if parts[0] in names)
+        if not where:
+            raise TaskError(f"{iid}: the expected test {key!r} is defined in none of the image's {folder} files")
+        ids.extend(f"{folder}/{path}::{'::'.join(parts)}{bracket}{params}" for path in where)
+    return list(dict.fromkeys(ids))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def r2egym_log_outcomes(log: str) -> dict[str, str]:
+    """R2E-Gym's reading of a ``pytest -rA`` log: its short summary's lines, by file-less test id."""
+    outcomes: dict[str, str] = {}
+    summary = False
+    for raw in log.splitlines():
+        line = _ANSI.sub("", raw)
+        if "short test summary info" in line:
+            summary = True
+            continue
+        if not summary:
+            continue
+        status = line.split(" ", 1)[0]
+        if status in ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS") and "::" in line:
+            outcomes[".".join(line.split(" ", 1)[1].split("::")[1:]).split(" - ")[0]] = status
+    return outcomes
+
+
+def r2egym_record_tests(instance: Mapping[str, Any]) -> dict[str, str]:
+    """The test files an R2E-Gym record carries (``execution_result_content``'s
+    ``test_file_names`` and ``test_file_codes``), by path below /r2e_tests."""
+    execution = _r2egym_execution(instance)
+    names, codes = execution.get("test_file_names") or [], execution.get("test_file_codes") or []
+    if len(names) != len(codes) or not all(isinstance(x, str) for x in (*names, *codes)):
+        return {}
+    return {check_relative(n.removeprefix(f"{R2E_TESTS}/")): c for n, c in zip(names, codes, strict=True)}
+
+
+def _r2egym_execution(instance: Mapping[str, Any]) -> dict[str, Any]:
+    raw = instance.get("execution_result_content")
+    try:
+        execution = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return {}
+    return execution if isinstance(execution, dict) else {}
+
+
+def from_r2egym(
+    instance: Mapping[str, Any],
+    tests: Mapping[str, str] | None = None,
+    *,
+    pool: str = "",
+    image: str = "field",
+    workspace_path: str = "/testbed",
+    test_command: str = "",
+    env: Mapping[str, str] | None = None,
+) -> TaskSpec:
+    """A task from an R2E-Gym record of its own layout (``docker_image``, ``expected_output_json``,
+    the problem statement between ``[ISSUE]`` tags, ``execution_result_content`` with the test
+    files and the logs of the tests before and after the fix) and ``tests``: its image's
+    ``/r2e_tests`` (path below it -> text) when given, else the record's own test files.
+
+    The episode runs in the record's image at ``/testbed``, whose history is reset (the fix is a
+    later commit), with ``/r2e_tests`` deleted before the policy starts. The tests reach only the
+    clean room, at ``r2e_tests/``, and run with the image's virtualenv, which is excluded from the
+    workspace (``workspace.exclude``): never read for grading, never taken from the agent.
+    Graded: the tests R2E-Gym expects to pass, each in its own module; those that passed before the
+    fix too (its log of the old commit) are PASS_TO_PASS, the others FAIL_TO_PASS. Not carried over: R2E-Gym
+    requires the tests it expects to fail to keep failing, and a missing test here fails (R2E-Gym
+    only compares counts). No gold patch (R2E-Gym's is a parsed commit, not a diff)."""
+    iid = r2egym_instance_id(instance)
+    raw = instance.get("expected_output_json")
+    try:
+        expected = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        raise TaskError(f"{iid}: expected_output_json is not JSON") from None
+    if not isinstance(expected, dict) or not all(isinstance(v, str) for v in expected.values()):
+        raise TaskError(f"{iid}: expected_output_json must map test names to PASSED/FAILED/ERROR")
+    tests = dict(tests) if tests else r2egym_record_tests(instance)
+    if not tests:
+        raise TaskError(
+            f"{iid}: no test files in the record (execution_result_content): read them from its image's "
+            f"{R2E_TESTS_IN_IMAGE} (rlsandbox tasks import-swebench --tests-from-image)"
+        )
+    before = r2egym_log_outcomes(str(_r2egym_execution(instance).get("old_commit_res_stdout") or ""))
+    passing_before = {k for k, v in expected.items() if v == "PASSED" and before.get(k) == "PASSED"}
+    fail_to_pass = r2egym_test_ids(iid, {k: v for k, v in expected.items() if k not in passing_before}, tests)
+    pass_to_pass = r2egym_test_ids(iid, {k: expected[k] for k in passing_before}, tests)
+    if not fail_to_pass:
+        raise TaskError(f"{iid}: expected_output_json lists no test that the fix makes pass")
+    statement = str(instance.get("problem_statement") or "")
+    issue = _R2E_ISSUE.search(statement)
+    test_env = evaluation_env(env, image_workspace=False)
+    venv_path = f"{workspace_path}/{R2E_VENV}/bin:{DATASET_IMAGE_PATH.split(':', 2)[2]}"
+    return TaskSpec(
+        id=iid,
+        pool=pool,
+        image=instance_image({**instance, "instance_id": iid}, image) if not pool else "",
+        problem_statement=(issue.group(1) if issue else statement).strip(),
+        env={"PATH": venv_path},  # R2E-Gym's agents find the virtualenv's python first, as here
+        # Its hidden tests (and any link or copy of them, and the runner script that names them).
+        setup=[f"rm -rf {R2E_TESTS_IN_IMAGE} {R2E_TESTS} run_tests.sh"],
+        # The image's, not the project's: its virtualenv; where the tests arrive in the clean room
+        # and the runner script (what the agent puts there is never read).
+        workspace=WorkspaceSpec(path=workspace_path, source="image", git="reset", exclude=[R2E_VENV, R2E_TESTS, "run_tests.sh"]),
+        evaluation=EvaluationSpec(
+            test_command=test_command or R2E_TEST_COMMAND.format(workspace=workspace_path),
+            env=test_env,
+            hidden_tests={f"{R2E_TESTS}/{p}": text for p, text in tests.items()},
+            fail_to_pass=fail_to_pass,
+            pass_to_pass=pass_to_pass,
+        ),
+        metadata={
+            "variant": "r2e-gym",
+            **{k: instance[k] for k in ("repo_name", "commit_hash", "docker_image") if k in instance},
         },
     )
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import io
+import posixpath
 import shlex
-from collections.abc import Mapping
+import tarfile
+from collections.abc import Mapping, Sequence
 
 from rlsandbox.daemon.agent.socket_transport import Drop
-from rlsandbox.daemon.errors import FailedPrecondition, FileTooLarge
+from rlsandbox.daemon.errors import ContainerNotFound, FailedPrecondition, FileTooLarge
 from rlsandbox.daemon.grading.room import TaskSetupFailed
 from rlsandbox.daemon.grading.task import Task
 from rlsandbox.daemon.grading.workspace import owned_tar
@@ -37,6 +40,7 @@ BASED_ENTRIES = 4096
 # elsewhere), with no options from the environment.
 TAR_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "TAR_OPTIONS": "", "LC_ALL": "C"}
 NO_TAR = (126, 127)  # the image has no tar: the engine does it
+READ_AROUND_ENTRIES = 1000  # entries of a folder holding an excluded path read one by one, at most
 # No background "git maintenance run --auto" after the commit: nothing to maintain in a one-commit
 # history (it showed in the CPU samples of a node preparing tasks).
 GIT_IDENTITY = (
@@ -48,6 +52,10 @@ GIT_IDENTITY = (
 # The base commit's dates are fixed: every session of a task (and every fork of a fresh one) has
 # the same HEAD, whenever it was prepared.
 GIT_DATES = {"GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000"}
+
+
+class _TooMany(Exception):
+    """A folder on the way to an excluded path has more entries than are worth reading one by one."""
 
 
 class ReadTimedOut(FailedPrecondition):
@@ -87,13 +95,25 @@ class Workspaces:
         or trace the agent's processes; docs/RELIABILITY.md)."""
         return fresh or self.owner(sandbox) is not None
 
-    async def read(self, sandbox: Sandbox, path: str, max_bytes: int, *, fresh: bool, timeout: float = STEP_TIMEOUT) -> bytes:
+    async def read(
+        self,
+        sandbox: Sandbox,
+        path: str,
+        max_bytes: int,
+        *,
+        fresh: bool,
+        timeout: float = STEP_TIMEOUT,
+        exclude: Sequence[str] = (),
+    ) -> bytes:
         """The folder ``path`` as a tarball, members under the folder's own name (the engine's
         layout), read by the sandbox's ``tar`` running as the agent's user where ``trusted``, by
-        the engine otherwise. Raises FileTooLarge past ``max_bytes``."""
+        the engine otherwise; without the ``exclude``d paths (relative to ``path``: a virtualenv
+        inside the repository), as far as the reader can leave them out (``snapshot_from_archive``
+        drops whatever of them is still there). Raises FileTooLarge past ``max_bytes``."""
         if self.trusted(sandbox, fresh=fresh):
             parent, name = path.rstrip("/").rsplit("/", 1)
-            run = await self._tar_out(sandbox, parent or "/", name, max_bytes, timeout)
+            skip = ("--anchored", *(f"--exclude={name}/{e}" for e in exclude)) if exclude else ()
+            run = await self._tar_out(sandbox, parent or "/", name, max_bytes, timeout, skip)
             if run.stdout_truncated:
                 too_big = f"{path} in the sandbox is over {max_bytes} bytes as a tarball"
                 raise FileTooLarge(too_big, container_id=sandbox.container_id)
@@ -102,14 +122,61 @@ class Workspaces:
                 return run.stdout
             if run.exit_code not in NO_TAR and run.timed_out:
                 raise ReadTimedOut(f"{path} could not be read within {timeout:g} s")
+        if exclude:
+            return await self._read_around(sandbox, path, max_bytes, exclude)
         return await self.runtime.get_archive(sandbox.container_id, path, max_bytes)
 
+    async def _read_around(self, sandbox: Sandbox, path: str, max_bytes: int, exclude: Sequence[str]) -> bytes:
+        """``path`` read by the engine (which cannot leave anything out) around the excluded
+        paths: each entry of a folder on the way to one is read on its own. The entries are listed
+        by the sandbox's agent, which the episode may have subverted: a name it hides reads as
+        deleted (the agent could delete it anyway), a name it makes up does not exist."""
+        name = posixpath.basename(path.rstrip("/"))
+        archives: list[tuple[str, bytes]] = []
+        folders: list[str] = []  # on the way to an excluded path: members of their own
+        left = max_bytes
+
+        async def walk(rel: str) -> None:
+            nonlocal left
+            here = posixpath.join(path, rel) if rel else path
+            entries, truncated = await sandbox.list_dir(here, max_entries=READ_AROUND_ENTRIES)
+            if truncated:
+                raise _TooMany
+            folders.append(rel)
+            for entry in entries:
+                child = posixpath.join(rel, posixpath.basename(entry.path)) if rel else posixpath.basename(entry.path)
+                if child in exclude:
+                    continue
+                if entry.type == "dir" and any(e.startswith(child + "/") for e in exclude):
+                    await walk(child)
+                    continue
+                try:
+                    data = await self._engine_read(sandbox, posixpath.join(path, child), left)
+                except ContainerNotFound:
+                    continue  # gone since it was listed, or never there
+                archives.append((posixpath.join(name, rel), data))
+                left -= len(data)
+
+        try:
+            await walk("")
+        except _TooMany:  # more entries than reads worth making: all of it, the excluded included
+            return await self.runtime.get_archive(sandbox.container_id, path, max_bytes)
+        return await asyncio.to_thread(_joined, name, folders, archives)
+
+    async def _engine_read(self, sandbox: Sandbox, path: str, left: int) -> bytes:
+        if left < 0:
+            raise FileTooLarge(f"{path} in the sandbox is past the grading limit", container_id=sandbox.container_id)
+        return await self.runtime.get_archive(sandbox.container_id, path, left)
+
     @staticmethod
-    async def _tar_out(sandbox: Sandbox, directory: str, member: str, max_bytes: int, timeout: float) -> ExecResult:
+    async def _tar_out(
+        sandbox: Sandbox, directory: str, member: str, max_bytes: int, timeout: float, options: tuple[str, ...] = ()
+    ) -> ExecResult:
         """``member`` of ``directory`` as a tarball on stdout, by the sandbox's tar, as root; cut
-        (and tar ended) past ``max_bytes``."""
+        (and tar ended) past ``max_bytes``. ``options``: GNU tar's ``--anchored --exclude=member/x``
+        (busybox's tar has neither: it fails, and the engine reads)."""
         req = ExecRequest(
-            argv=("tar", "-c", "-f", "-", "-C", directory, member),
+            argv=("tar", "-c", "-f", "-", "-C", directory, *options, member),
             cwd="/",
             env=TAR_ENV,
             timeout=timeout,
@@ -177,17 +244,20 @@ class Workspaces:
         if ws.patch and not based:
             await self._apply_start(sandbox, ws.path, ws.patch)
         if reset and not based:
-            await self._reset_git(sandbox, ws.path)
+            await self._reset_git(sandbox, ws.path, ws.exclude)
         for command in task.spec.setup:
             await self._run(
                 sandbox, ExecRequest(shell=command, cwd=ws.path, timeout=task.spec.setup_timeout), f"run setup {command!r}"
             )
 
-    async def _reset_git(self, sandbox: Sandbox, path: str) -> None:
-        """One commit, the base: whatever history the workspace had (with the fix in it) is gone."""
+    async def _reset_git(self, sandbox: Sandbox, path: str, exclude: Sequence[str] = ()) -> None:
+        """One commit, the base: whatever history the workspace had (with the fix in it) is gone.
+        The ``exclude``d paths (the image's, not the project's) stay out of it, and of `git status`."""
         git = " ".join(shlex.quote(a) for a in GIT_IDENTITY)
+        ignore = " && mkdir -p .git/info" if exclude else ""
+        ignore += "".join(f" && echo {shlex.quote('/' + e)} >> .git/info/exclude" for e in exclude)
         script = (
-            "if command -v git >/dev/null 2>&1; then rm -rf .git && git init -q && git add -A && "
+            f"if command -v git >/dev/null 2>&1; then rm -rf .git && git init -q{ignore} && git add -A && "
             f"git {git} commit -q --allow-empty -m 'rlsandbox: task base'; fi"
         )
         req = ExecRequest(shell=script, cwd=path, env=GIT_DATES, timeout=STEP_TIMEOUT)
@@ -243,7 +313,7 @@ class Workspaces:
             await self.put(sandbox, path, tar, reused=True, fresh=True)
             if task.spec.workspace.patch:
                 await self._apply_start(sandbox, path, task.spec.workspace.patch)
-            await self._reset_git(sandbox, path)
+            await self._reset_git(sandbox, path, task.spec.workspace.exclude)
             if making is not None:
                 await self._keep_based(sandbox, path, key, tar)
         finally:
@@ -258,7 +328,7 @@ class Workspaces:
             return None
         digest = await asyncio.to_thread(hash, tar)  # bytes keep their hash once computed
         ws = task.spec.workspace
-        return (pool.spec.container.image, self.owner(sandbox), ws.path, ws.patch, len(tar), digest)
+        return (pool.spec.container.image, self.owner(sandbox), ws.path, ws.patch, tuple(ws.exclude), len(tar), digest)
 
     async def _keep_based(self, sandbox: Sandbox, path: str, key: tuple[object, ...], tar: bytes) -> None:
         """Read the workspace its git reset just made (a sandbox being prepared: only the daemon's
@@ -286,3 +356,23 @@ class Workspaces:
             why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
             raise TaskSetupFailed(f"task setup: could not {what}: {why}: {tail.strip()}")
         return result
+
+
+def _joined(name: str, folders: list[str], archives: list[tuple[str, bytes]]) -> bytes:
+    """One tarball in the engine's layout (members under ``name``) from the engine's archives of
+    single entries (each named relative to its folder, ``(folder, tarball)``), with ``folders``
+    (relative to ``name``) as members of their own."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as joined:
+        for rel in folders:
+            info = tarfile.TarInfo(posixpath.join(name, rel) if rel else name)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            joined.addfile(info)
+        for folder, data in archives:
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+                for member in tar:
+                    member.name = posixpath.join(folder, member.name)
+                    if member.islnk():
+                        member.linkname = posixpath.join(folder, member.linkname)
+                    joined.addfile(member, tar.extractfile(member) if member.isfile() else None)
+    return out.getvalue()

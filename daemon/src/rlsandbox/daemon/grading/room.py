@@ -40,17 +40,19 @@ def plan_room(task: Task, facts: ImportFacts | None, base_archive: bytes, agent_
     """What the clean room gets (pure; runs in a worker thread). Raises AgentsMess for what the
     agent's workspace makes impossible, TaskSetupFailed for a broken task."""
     ev = task.spec.evaluation
-    ws = task.spec.workspace.path
-    base = snapshot_from_archive(base_archive)  # the engine's archive of a fresh sandbox: a failure is infra
+    ws, excluded = task.spec.workspace.path, task.spec.workspace.exclude
+    base = snapshot_from_archive(base_archive, excluded)  # the engine's archive of a fresh sandbox: a failure is infra
     try:
-        mine = snapshot_from_archive(agent_archive)
+        mine = snapshot_from_archive(agent_archive, excluded)
     except (tarfile.TarError, OSError, ValueError) as e:
         raise AgentsMess(f"the grader cannot read the agent's workspace ({e}), though it reads the task's") from None
     imports, execs = command_paths(ev.test_command, ev.env, ws)
     shadow = Shadowing(facts.reserved if facts else frozenset(), frozenset(imports), frozenset(execs))
     patch_targets = patch_paths(ev.test_patch.encode()) if ev.test_patch else []
     hidden_paths = [*ev.hidden_tests, *patch_targets]
-    changes = plan(base, mine, protected=ev.protected, test_files=ev.test_files, hidden=hidden_paths, shadow=shadow)
+    changes = plan(
+        base, mine, protected=ev.protected, test_files=ev.test_files, hidden=hidden_paths, shadow=shadow, kept=excluded
+    )
     findings = [f for p, e in changes.writes.items() if e.type == "file" for f in scan(p, file_data(base, p), e.data)]
     if ev.test_patch:
         try:

@@ -25,16 +25,20 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-# Run by the clean room's interpreter with cwd=/ and the task's environment; prints one JSON line.
+# Run by the clean room's interpreter with cwd=/ and the task's environment, with the workspace and
+# its excluded paths (a virtualenv inside it: what resolves there is the image's, not the
+# project's) as arguments; prints one JSON line.
 PROBE = r"""
 import json, os, pkgutil, sys
 ws = os.path.realpath(sys.argv[1])
+image = [os.path.realpath(p) for p in sys.argv[2:]]  # the workspace's excluded paths: the image's own
 names = set(sys.builtin_module_names) | set(getattr(sys, "stdlib_module_names", ()))
 for entry in sys.path:
     if not entry or not os.path.isabs(entry):
         continue
     real = os.path.realpath(entry)
-    if real == ws or real.startswith(ws + "/"):
+    inside = lambda root: real == root or real.startswith(root + "/")
+    if inside(ws) and not any(inside(p) for p in image):
         continue
     try:
         names.update(m.name for m in pkgutil.iter_modules([entry]))

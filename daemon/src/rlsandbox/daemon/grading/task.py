@@ -88,12 +88,34 @@ class WorkspaceSpec(_Model):
         "clean room alike: the task's starting state (SWE-smith's bug patch, for one). Already applied: left as it is.",
     )
 
+    exclude: list[str] = Field(
+        default_factory=list,
+        description="Workspace-relative paths that are the image's, not the project's (a virtualenv inside the "
+        "repository, such as R2E-Gym's .venv): never read for grading nor carried to the clean room, which keeps "
+        "its own copy, and left out of the reset history. The agent's changes there count for nothing.",
+    )
+
     @field_validator("path")
     @classmethod
     def _absolute(cls, v: str) -> str:
         if not v.startswith("/") or posixpath.normpath(v) in ("/", "//"):
             raise ValueError("workspace.path must be an absolute path below / (for example /workspace)")
         return posixpath.normpath(v)
+
+    @field_validator("exclude")
+    @classmethod
+    def _plain_paths(cls, v: list[str]) -> list[str]:
+        out = []
+        for path in v:
+            norm = check_relative(path)
+            if norm == "." or any(c in norm for c in "*?[]\\\n") or norm.split("/")[0] == ".git":
+                raise ValueError(f"workspace.exclude {path!r}: a plain path below the workspace (no globs, not .git)")
+            out.append(norm)
+        return out
+
+    def excluded(self, rel: str) -> bool:
+        """Whether the workspace-relative ``rel`` is, or is inside, an excluded path."""
+        return any(rel == e or rel.startswith(e + "/") for e in self.exclude)
 
 
 class RewardSpec(_Model):

@@ -44,8 +44,9 @@ class Snapshot:
     skipped: tuple[str, ...] = ()  # devices, fifos and sockets are not part of a workspace
 
 
-def snapshot_from_archive(data: bytes) -> Snapshot:
-    """Parse the engine's tarball of a folder (members are prefixed with the folder's name)."""
+def snapshot_from_archive(data: bytes, exclude: list[str] | tuple[str, ...] = ()) -> Snapshot:
+    """Parse the engine's tarball of a folder (members are prefixed with the folder's name),
+    without the ``exclude``d paths (workspace-relative) and what is inside them."""
     entries: dict[str, Entry] = {}
     skipped: list[str] = []
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
@@ -60,6 +61,8 @@ def snapshot_from_archive(data: bytes) -> Snapshot:
             rel = name[len(prefix) + 1 :] if name.startswith(prefix + "/") else name
             rel = posixpath.normpath(rel)
             if any(part in IGNORED_PARTS for part in rel.split("/")) or rel.startswith("../") or rel == "..":
+                continue
+            if exclude and any(rel == e or rel.startswith(e + "/") for e in exclude):
                 continue
             if m.isdir():
                 entries[rel] = Entry("dir", m.mode)
@@ -128,18 +131,20 @@ def plan(
     test_files: list[str],
     hidden: list[str],
     shadow: Shadowing | None = None,
+    kept: list[str] | tuple[str, ...] = (),
 ) -> Changes:
     """The agent's changes to ``base`` that the clean room applies.
 
     Dropped, and listed in ``discarded``: changes to protected files, to the original test files
     and to anything in the folders that hold them (``folders_holding_tests``); anything written at a hidden
     test's path; replacing a folder that holds protected files or hidden tests (by deleting it, or
-    by a file or symlink in its place), which would remove them; and, with ``shadow``, files that
-    would run instead of the runner, its dependencies or a standard module.
+    by a file or symlink in its place), which would remove them, or the ``kept`` paths (the
+    workspace's excluded ones, in neither snapshot: the clean room's own); and, with ``shadow``,
+    files that would run instead of the runner, its dependencies or a standard module.
     """
     test_globs = [*test_files, *folders_holding_tests(base, test_files)]
     guarded_patterns = [*protected, *test_globs]
-    keep = {p for p in base.entries if matches(p, guarded_patterns)} | set(hidden)
+    keep = {p for p in base.entries if matches(p, guarded_patterns)} | set(hidden) | set(kept)
     changes = Changes()
 
     def guarded(path: str) -> str | None:

@@ -387,6 +387,26 @@ class DockerRuntime:
         self._python_images[key] = has
         return has
 
+    async def image_folder(self, image: str, path: str, max_bytes: int, timeout: float | None = 60.0) -> bytes | None:
+        """``path`` of ``image`` as the engine's tarball (members under the folder's name), read
+        from a container created and never started; None when the image has no such path."""
+        config: dict[str, Any] = {
+            "Image": image,
+            "Cmd": ["true"],
+            "Entrypoint": [],
+            "Labels": {LABEL_MANAGED: "1", LABEL_OWNER: self.owner, LABEL_POOL: "_probe"},
+            "NetworkDisabled": True,
+        }
+        name = f"rls-read-{os.getpid()}-{time.monotonic_ns()}"
+        async with self._call("container create", timeout, name=name):
+            container = await self.docker.containers.create(config=config, name=name)
+        try:
+            return await self.get_archive(container.id, path, max_bytes, timeout)
+        except ContainerNotFound:
+            return None
+        finally:
+            await self.remove(container.id)
+
     # -- Engine API exec: the fallback path for images without python3 ---------------------------
     async def exec_stream(
         self,
