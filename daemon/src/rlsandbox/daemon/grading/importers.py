@@ -86,7 +86,7 @@ def record_variant(instance: Mapping[str, Any]) -> str:
     """Which published layout a record has. SWE-bench, SWE-Gym, SWE-bench-extra and R2E-Gym's
     SWE-bench-style sets carry a test patch and a fix; SWE-smith's carry neither: its tests are in
     the repository and its ``patch`` puts the bug in (the fix is its reverse). R2E-Gym's own
-    records (``expected_output_json``, tests in the image) are neither."""
+    records (``expected_output_json``, tests in the image) are ``r2e-gym`` (:func:`from_r2egym`)."""
     if instance.get("test_patch"):
         return "swebench"
     if "expected_output_json" in instance and not instance.get("FAIL_TO_PASS"):
