@@ -144,7 +144,10 @@ class Workspaces:
                 raise _TooMany
             folders.append(rel)
             for entry in entries:
-                child = posixpath.join(rel, posixpath.basename(entry.path)) if rel else posixpath.basename(entry.path)
+                base = posixpath.basename(entry.path)
+                if base in ("", ".", ".."):
+                    continue  # not an entry: a subverted agent's answer
+                child = posixpath.join(rel, base) if rel else base
                 if child in exclude:
                     continue
                 if entry.type == "dir" and any(e.startswith(child + "/") for e in exclude):
