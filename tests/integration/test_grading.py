@@ -161,6 +161,15 @@ async def test_broken_setup_is_invalid_task_not_a_reward(gclient: AsyncClient, t
     assert "no database" in result.message
 
 
+async def test_setup_commands_run_with_the_tasks_env(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    """A setup that needs the task's env (a conda env's PATH, say) finds it, as the episode does."""
+    spec = tasks["py-calc"].spec
+    setup = ['test "$TOOLS" = /opt/tools || { echo "TOOLS is \'$TOOLS\'"; exit 4; }', 'echo "$TOOLS" > .tools']
+    task = Task(spec.model_copy(update={"env": {"TOOLS": "/opt/tools"}, "setup": setup}), tasks["py-calc"].workspace_tar)
+    async with gclient.session(task=task) as s:
+        assert (await s.exec("cat .tools; echo $TOOLS")).stdout == b"/opt/tools\n/opt/tools\n"
+
+
 # -- reward hacking ------------------------------------------------------------------------------
 async def both_modes(s: AsyncSession) -> tuple[float | None, float | None, object]:
     clean = await s.grade()

@@ -250,7 +250,9 @@ class Workspaces:
             await self._reset_git(sandbox, ws.path, ws.exclude)
         for command in task.spec.setup:
             await self._run(
-                sandbox, ExecRequest(shell=command, cwd=ws.path, timeout=task.spec.setup_timeout), f"run setup {command!r}"
+                sandbox,
+                ExecRequest(shell=command, cwd=ws.path, env=task.spec.env, timeout=task.spec.setup_timeout),
+                f"run setup {command!r}",
             )
 
     async def _reset_git(self, sandbox: Sandbox, path: str, exclude: Sequence[str] = ()) -> None:

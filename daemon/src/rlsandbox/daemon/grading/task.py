@@ -217,7 +217,9 @@ class TaskSpec(_Model):
         description="Environment of the episode's commands (a session's own env adds to it and wins): "
         "PATH=... for an image whose tools are off the default PATH, say.",
     )
-    setup: list[str] = Field(default_factory=list, description="Shell commands run in the workspace at session start.")
+    setup: list[str] = Field(
+        default_factory=list, description="Shell commands run in the workspace at session start, with the task's env."
+    )
     setup_timeout: float = Field(300.0, gt=0, le=24 * 3600)
     evaluation: EvaluationSpec
     gold_patch: str | None = Field(None, description="A unified diff that solves the task (used by validation).")
