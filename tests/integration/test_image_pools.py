@@ -140,6 +140,18 @@ async def build_image(docker_runtime: DockerRuntime, tag: str, dockerfile: str, 
     await docker_runtime.images.build(context.getvalue(), tag=tag, labels={"rlsandbox.test": "1"})
 
 
+async def image_pool_removed(node: NodeDaemon, docker_runtime: DockerRuntime, tag: str) -> None:
+    """Wait for the pool of the test image ``tag`` to go idle-evicted with its containers, then
+    remove the image."""
+    pool = image_pool_name(tag)
+
+    async def pool_gone() -> bool:
+        return pool not in node.pools and not await docker_runtime.list_containers({LABEL_POOL: pool})
+
+    await eventually(pool_gone, timeout=30, what=f"pool {pool} and its containers removed")
+    await docker_runtime.images.remove(tag)
+
+
 async def test_an_image_pool_works_in_the_images_workdir(node: NodeDaemon, docker_runtime: DockerRuntime) -> None:
     """Per-instance images (SWE-bench's /testbed) set their WORKDIR: sessions of their pool start
     there, and find the image's files, when the template names no workdir."""
@@ -202,13 +214,7 @@ async def test_a_swesmith_task_in_its_own_image_starts_from_its_bug(
         assert (unsolved.reward, solved.reward) == (0.0, 1.0), (unsolved.message, solved.message)
         assert b"ran in the testbed env" in solved.log, solved.log[-2000:]
     finally:
-        pool = image_pool_name(tag)
-
-        async def pool_gone() -> bool:
-            return pool not in node.pools and not await docker_runtime.list_containers({LABEL_POOL: pool})
-
-        await eventually(pool_gone, timeout=30, what=f"pool {pool} and its containers removed")
-        await docker_runtime.images.remove(tag)
+        await image_pool_removed(node, docker_runtime, tag)
 
 
 R2E_TESTS = """from oracle import expected
@@ -307,10 +313,4 @@ async def test_an_r2egym_record_runs_in_its_image_with_its_tests_hidden_and_its_
         assert any("oracle.py" in t and "shadows" in t for t in shadowed.tampering), shadowed.tampering
         assert b"ran in the venv" in solved.log, solved.log[-2000:]
     finally:
-        pool = image_pool_name(tag)
-
-        async def pool_gone() -> bool:
-            return pool not in node.pools and not await docker_runtime.list_containers({LABEL_POOL: pool})
-
-        await eventually(pool_gone, timeout=30, what=f"pool {pool} and its containers removed")
-        await docker_runtime.images.remove(tag)
+        await image_pool_removed(node, docker_runtime, tag)

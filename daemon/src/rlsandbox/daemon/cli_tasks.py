@@ -79,10 +79,8 @@ async def _import_swebench(args: argparse.Namespace) -> int:
         for doc in docs:
             tar = _archive_base_commit(args.repo, doc, Path(args.out)) if args.repo else None
             try:
-                if args.tests_from_image and args.variant in ("auto", "r2e-gym") and record_variant(doc) == "r2e-gym":
-                    spec = await _r2egym_from_image(doc, args, env)
-                    out.write(spec.model_dump_json(exclude_none=True) + "\n")
-                    continue
+                r2egym = args.variant == "r2e-gym" or (args.variant == "auto" and record_variant(doc) == "r2e-gym")
+                tests = await _r2egym_image_tests(doc, args) if args.tests_from_image and r2egym else None
                 spec = from_swebench(
                     doc,
                     pool=args.pool or "",
@@ -93,6 +91,7 @@ async def _import_swebench(args: argparse.Namespace) -> int:
                     workspace_tar=tar,
                     variant=args.variant,
                     report_format=args.report_format,
+                    tests=tests,
                 )
             except ValueError as e:  # TaskError, or the task format's own check (a report format, say)
                 raise InvalidArgument(str(e)) from None
@@ -104,12 +103,12 @@ async def _import_swebench(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _r2egym_from_image(doc: dict[str, Any], args: argparse.Namespace, env: dict[str, str]) -> Any:
-    """An R2E-Gym record's task with its tests as its image (local) holds them at /r2e_tests."""
+async def _r2egym_image_tests(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
+    """An R2E-Gym record's tests as its image (local) holds them at /r2e_tests, by path below it."""
     import io
     import tarfile
 
-    from rlsandbox.daemon.grading.importers import R2E_TESTS_IN_IMAGE, from_r2egym, instance_image, r2egym_instance_id
+    from rlsandbox.daemon.grading.importers import R2E_TESTS_IN_IMAGE, instance_image, r2egym_instance_id
     from rlsandbox.daemon.grading.task import TaskError, check_relative
     from rlsandbox.daemon.runtime.docker import DockerRuntime
 
@@ -132,8 +131,7 @@ async def _r2egym_from_image(doc: dict[str, Any], args: argparse.Namespace, env:
                 tests[check_relative(rel)] = f.read().decode() if f else ""
             except UnicodeDecodeError:
                 raise TaskError(f"{iid}: {R2E_TESTS_IN_IMAGE}/{rel} in {image} is binary (hidden tests are text)") from None
-    command = "" if "{test_files}" in args.test_command else args.test_command
-    return from_r2egym(doc, tests, image=args.image, workspace_path=args.workspace, test_command=command, env=env)
+    return tests
 
 
 async def _import_harbor(args: argparse.Namespace) -> int:

@@ -107,6 +107,7 @@ def from_swebench(
     workspace_tar: str | None = None,
     variant: str = "auto",
     report_format: str = "pytest",
+    tests: Mapping[str, str] | None = None,
 ) -> TaskSpec:
     """A task from a SWE-bench-style instance (instance_id, repo, base_commit, patch, test_patch,
     FAIL_TO_PASS / PASS_TO_PASS as lists or JSON strings). The repository is expected in the pool's
@@ -119,8 +120,8 @@ def from_swebench(
     :func:`instance_image` for the template).
 
     ``variant``: ``auto`` tells the layouts apart by their fields (:func:`record_variant`);
-    ``r2e-gym`` records go to :func:`from_r2egym` (with their own test files, and R2E-Gym's test
-    command unless ``test_command`` is one without ``{test_files}``);
+    ``r2e-gym`` records go to :func:`from_r2egym` (with ``tests``, the image's test files, or
+    else the record's own);
     ``swesmith`` records become tasks whose workspace starts with the record's bug patch applied
     (``workspace.patch``), whose tests are the repository's own files that hold FAIL_TO_PASS (run
     and restored before grading, as SWE-smith runs them), and whose gold patch is the bug's reverse."""
@@ -130,10 +131,9 @@ def from_swebench(
     if kind == "r2e-gym":
         if workspace_tar:
             raise TaskError(f"{r2egym_instance_id(instance)}: an R2E-Gym task runs in its own image (its virtualenv is there)")
-        command = "" if "{test_files}" in test_command else test_command
         return from_r2egym(
-            instance, pool=pool, image=image or ("field" if not pool else ""), workspace_path=workspace_path,
-            test_command=command, env=env,
+            instance, tests, pool=pool, image=image or ("field" if not pool else ""), workspace_path=workspace_path,
+            test_command=test_command, env=env,
         )  # fmt: skip
     iid = str(instance.get("instance_id") or "")
     if not iid:
@@ -373,6 +373,8 @@ def from_r2egym(
     requires the tests it expects to fail to keep failing, and a missing test here fails (R2E-Gym
     only compares counts). No gold patch (R2E-Gym's is a parsed commit, not a diff)."""
     iid = r2egym_instance_id(instance)
+    if "{test_files}" in test_command:
+        test_command = ""  # a command for SWE-bench's layout (the CLI's default): R2E-Gym's own instead
     raw = instance.get("expected_output_json")
     try:
         expected = json.loads(raw) if isinstance(raw, str) else raw

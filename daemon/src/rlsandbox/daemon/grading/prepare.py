@@ -22,7 +22,7 @@ from rlsandbox.daemon.agent.socket_transport import Drop
 from rlsandbox.daemon.errors import ContainerNotFound, FailedPrecondition, FileTooLarge
 from rlsandbox.daemon.grading.room import TaskSetupFailed
 from rlsandbox.daemon.grading.task import Task
-from rlsandbox.daemon.grading.workspace import owned_tar
+from rlsandbox.daemon.grading.workspace import ancestor_of_any, owned_tar
 from rlsandbox.daemon.model import ExecRequest, ExecResult
 from rlsandbox.daemon.pool import WarmPool
 from rlsandbox.daemon.runtime.docker import DockerRuntime
@@ -150,7 +150,7 @@ class Workspaces:
                 child = posixpath.join(rel, base) if rel else base
                 if child in exclude:
                     continue
-                if entry.type == "dir" and any(e.startswith(child + "/") for e in exclude):
+                if entry.type == "dir" and ancestor_of_any(child, set(exclude)):
                     await walk(child)
                     continue
                 try:

@@ -18,7 +18,7 @@ import os
 import posixpath
 import re
 import tarfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -115,7 +115,7 @@ class WorkspaceSpec(_Model):
 
     def excluded(self, rel: str) -> bool:
         """Whether the workspace-relative ``rel`` is, or is inside, an excluded path."""
-        return any(rel == e or rel.startswith(e + "/") for e in self.exclude)
+        return within(rel, self.exclude)
 
 
 class RewardSpec(_Model):
@@ -245,6 +245,11 @@ def check_relative(path: str) -> str:
     if not path or path.startswith("/") or norm == ".." or norm.startswith("../") or "\x00" in path:
         raise ValueError(f"path {path!r} must be relative to the workspace and stay inside it")
     return norm
+
+
+def within(path: str, places: Iterable[str]) -> bool:
+    """Whether ``path`` is one of ``places`` or inside one (plain relative paths, no globs)."""
+    return any(path == p or path.startswith(p + "/") for p in places)
 
 
 def matches(path: str, patterns: list[str] | tuple[str, ...]) -> bool:

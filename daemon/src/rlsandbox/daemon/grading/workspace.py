@@ -15,7 +15,7 @@ import tarfile
 from dataclasses import dataclass, field
 
 from rlsandbox.daemon.grading.shadowing import Shadowing
-from rlsandbox.daemon.grading.task import TEST_FOLDER, matches
+from rlsandbox.daemon.grading.task import TEST_FOLDER, matches, within
 
 # The agent's commits are not part of its solution (history is reset at start), and a repository
 # anywhere in the tree is configuration that tools would obey: no .git folder is ever copied.
@@ -62,7 +62,7 @@ def snapshot_from_archive(data: bytes, exclude: list[str] | tuple[str, ...] = ()
             rel = posixpath.normpath(rel)
             if any(part in IGNORED_PARTS for part in rel.split("/")) or rel.startswith("../") or rel == "..":
                 continue
-            if exclude and any(rel == e or rel.startswith(e + "/") for e in exclude):
+            if exclude and within(rel, exclude):
                 continue
             if m.isdir():
                 entries[rel] = Entry("dir", m.mode)
@@ -89,7 +89,7 @@ class Changes:
         return not self.deletes and not self.writes
 
 
-def _ancestor_of_any(path: str, paths: set[str]) -> bool:
+def ancestor_of_any(path: str, paths: set[str]) -> bool:
     prefix = path + "/"
     return any(p.startswith(prefix) for p in paths)
 
@@ -165,7 +165,7 @@ def plan(
         if old is not None and old.type == "dir" and entry.type == "dir":
             continue  # a folder's mode change is not worth a write
         why = guarded(path)
-        if why is None and entry.type != "dir" and _ancestor_of_any(path, keep):
+        if why is None and entry.type != "dir" and ancestor_of_any(path, keep):
             why = "replaces a folder that holds tests or protected files"
         parent = posixpath.dirname(path)
         if why is None and parent and agent.entries.get(parent, Entry("dir", 0)).type != "dir":
@@ -190,7 +190,7 @@ def plan(
         if why is not None:
             changes.discarded.append(f"{path}: deleted ({why}; discarded)")
             continue
-        if _ancestor_of_any(path, keep):
+        if ancestor_of_any(path, keep):
             kept_dirs.add(path)
             continue
         changes.deletes.append(path)

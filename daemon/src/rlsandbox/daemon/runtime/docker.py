@@ -362,14 +362,8 @@ class DockerRuntime:
         if key in self._python_images:
             return self._python_images[key]
         probe = "import sys; sys.exit(0 if sys.version_info >= (3, 8) else 3)"
-        config = {
-            "Image": image,
-            "Cmd": ["python3", "-c", probe],
-            "Entrypoint": [],
-            "Labels": {LABEL_MANAGED: "1", LABEL_OWNER: self.owner, LABEL_POOL: "_probe"},
-            "NetworkDisabled": True,
-            "HostConfig": {"NetworkMode": "none", "Runtime": runtime},
-        }
+        config = self._probe_config(image, ["python3", "-c", probe])
+        config["HostConfig"] = {"NetworkMode": "none", "Runtime": runtime}
         name = f"rls-probe-{os.getpid()}-{time.monotonic_ns()}"
         has = False
         try:
@@ -387,19 +381,22 @@ class DockerRuntime:
         self._python_images[key] = has
         return has
 
-    async def image_folder(self, image: str, path: str, max_bytes: int, timeout: float | None = 60.0) -> bytes | None:
-        """``path`` of ``image`` as the engine's tarball (members under the folder's name), read
-        from a container created and never started; None when the image has no such path."""
-        config: dict[str, Any] = {
+    def _probe_config(self, image: str, cmd: list[str]) -> dict[str, Any]:
+        """A short-lived container of ``image`` that looks at it (labelled: reaped if left behind)."""
+        return {
             "Image": image,
-            "Cmd": ["true"],
+            "Cmd": cmd,
             "Entrypoint": [],
             "Labels": {LABEL_MANAGED: "1", LABEL_OWNER: self.owner, LABEL_POOL: "_probe"},
             "NetworkDisabled": True,
         }
+
+    async def image_folder(self, image: str, path: str, max_bytes: int, timeout: float | None = 60.0) -> bytes | None:
+        """``path`` of ``image`` as the engine's tarball (members under the folder's name), read
+        from a container created and never started; None when the image has no such path."""
         name = f"rls-read-{os.getpid()}-{time.monotonic_ns()}"
         async with self._call("container create", timeout, name=name):
-            container = await self.docker.containers.create(config=config, name=name)
+            container = await self.docker.containers.create(config=self._probe_config(image, ["true"]), name=name)
         try:
             return await self.get_archive(container.id, path, max_bytes, timeout)
         except ContainerNotFound:
