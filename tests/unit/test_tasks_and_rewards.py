@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 from rlsandbox.daemon import cli
 from rlsandbox.daemon.grading.importers import from_r2egym, from_swebench, patch_files, r2egym_log_outcomes, record_variant
-from rlsandbox.daemon.grading.prepare import _joined
+from rlsandbox.daemon.grading.prepare import READ_AROUND_ENTRIES, Workspaces, _joined
 from rlsandbox.daemon.grading.reports import Outcome, TestCase, TestReport
 from rlsandbox.daemon.grading.rewards import (
     MISSING,
@@ -34,6 +34,7 @@ from rlsandbox.daemon.grading.task import (
     matches,
 )
 from rlsandbox.daemon.grading.workspace import Entry, Snapshot, changes_tar, plan, snapshot_from_archive
+from rlsandbox.daemon.model import FileStat
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 TASKS = ROOT / "tests" / "fixtures" / "tasks"
@@ -520,3 +521,47 @@ async def test_reset_workspaces_are_kept_within_their_budget_both_tarballs_count
     await ws._keep_based(Reader(b"r" * 2000), "/w", ("big",), b"t" * 100)  # type: ignore[arg-type]
     assert ws._based[("big",)][1] == b"" and ws._based_bytes == 900  # known too big: only the task's tar
     assert list(ws._based) == [("k", 1), ("k", 2), ("big",)]
+
+
+class _Engine:
+    """The engine's archive call, counted: each path's tarball holds one file named after it."""
+
+    def __init__(self) -> None:
+        self.reads: list[str] = []
+
+    async def get_archive(self, container_id: str, path: str, max_bytes: int) -> bytes:
+        self.reads.append(path)
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            name = path.rstrip("/").rsplit("/", 1)[1]
+            tar.addfile(tarfile.TarInfo(name), io.BytesIO(b""))
+        return buf.getvalue()
+
+
+class _Listed:
+    """A root episode's sandbox (not trusted) whose agent lists ``names`` at any folder."""
+
+    pool, container_id = "p", "c"
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    async def list_dir(self, path: str, *, max_entries: int) -> tuple[list[FileStat], bool]:
+        entries = [FileStat(f"{path}/{n}", True, "file") for n in self.names]
+        return entries[:max_entries], len(entries) > max_entries
+
+
+async def test_reading_around_an_excluded_path_costs_a_bounded_number_of_engine_reads() -> None:
+    """The engine reads each entry beside the virtualenv on its own; a policy that floods the
+    workspace root with files (or an agent that lists `..`) gets one read of the whole, never one
+    engine call per file."""
+    engine = _Engine()
+    workspaces = Workspaces(engine, {})  # type: ignore[arg-type]
+    sandbox = _Listed(["a.py", ".venv", "..", "setup.py"])
+    data = await workspaces.read(sandbox, "/testbed", 1 << 20, fresh=False, exclude=[".venv"])  # type: ignore[arg-type]
+    assert engine.reads == ["/testbed/a.py", "/testbed/setup.py"]
+    assert set(snapshot_from_archive(data).entries) == {"a.py", "setup.py"}
+    engine.reads.clear()
+    flood = _Listed([f"f{i}" for i in range(READ_AROUND_ENTRIES + 1)])
+    await workspaces.read(flood, "/testbed", 1 << 20, fresh=False, exclude=[".venv"])  # type: ignore[arg-type]
+    assert engine.reads == ["/testbed"]
