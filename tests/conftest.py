@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from collections.abc import AsyncIterator
@@ -25,8 +26,22 @@ async def _fail_on_unhandled_loop_exceptions() -> AsyncIterator[None]:
         yield
 
 
+_RUN_OWNER = re.compile(r"test-(\d+)-[0-9a-f]{6}")  # TEST_OWNER's shape: test-<pytest's pid>-<random>
+
+
+def _dead_run(owner: str) -> bool:
+    """Whether ``owner`` names a test run whose pytest process is gone (killed, or the machine
+    restarted under it): what it left is debris nobody else will remove."""
+    m = _RUN_OWNER.match(owner)
+    return m is not None and not owner.startswith(TEST_OWNER) and not Path(f"/proc/{m.group(1)}").exists()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _state_dir() -> object:
+    root = Path(STATE_DIR).parent
+    for stale in root.iterdir() if root.is_dir() else ():
+        if _dead_run(stale.name):
+            shutil.rmtree(stale, ignore_errors=True)
     yield
     shutil.rmtree(STATE_DIR, ignore_errors=True)
 
@@ -40,6 +55,11 @@ async def docker_runtime() -> AsyncIterator[DockerRuntime]:
     except Exception as e:  # a test run without Docker is a broken setup, not a pass
         await runtime.close()
         pytest.fail(f"Docker engine not reachable ({e}); run scripts/bootstrap.sh first", pytrace=False)
+    # A run that was killed, or whose machine restarted, left its containers (exited, say, 255);
+    # they are this suite's, labelled, and would be counted as left behind by the next run.
+    for c in await runtime.list_containers({LABEL_MANAGED: "1"}):
+        if _dead_run(c.labels.get(LABEL_OWNER, "")):
+            await runtime.remove(c.id)
     try:
         yield runtime
     finally:
