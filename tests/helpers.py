@@ -194,3 +194,28 @@ def swesmith_clone(root: Path) -> tuple[Path, str, str, str]:
     subprocess.run([*git, "commit", "-qam", "Bug Patch"], check=True)
     bugged = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
     return repo, clean, bugged, bug
+
+
+def import_hook_replacing_tests(module: str) -> str:
+    """Code under test (a hack): an import hook that lets pytest load the test module named
+    ``...module``, then puts a passing function of its own in place of every test, before pytest
+    collects them."""
+    return (
+        "import importlib.util as _u, sys as _s\n"
+        "def _ok(*a, **k):\n"
+        "    pass\n"
+        "class _Finder:\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        f"        if not name.endswith({module!r}):\n"
+        "            return None\n"
+        "        _s.meta_path.remove(self)\n"
+        "        spec = _u.find_spec(name)\n"
+        "        run = spec.loader.exec_module\n"
+        "        def exec_module(module):\n"
+        "            run(module)\n"
+        "            for k in [k for k in vars(module) if k.startswith('test_')]:\n"
+        "                setattr(module, k, _ok)\n"
+        "        spec.loader.exec_module = exec_module\n"
+        "        return spec\n"
+        "_s.meta_path.insert(0, _Finder())\n"
+    )

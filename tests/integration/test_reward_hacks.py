@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from helpers import daemon_config, running_daemon
+from helpers import daemon_config, import_hook_replacing_tests, running_daemon
 from rlsandbox.client import AsyncClient, AsyncSession
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.grading.task import Task, load_tasks
@@ -263,6 +263,17 @@ async def test_runtime_guard_catches_an_obfuscated_patch(hclient: AsyncClient, t
     assert result.reward == 0.0, (result.message, result.tampering)
     assert "pytest guard" in tampered(result) and "call_and_report" in tampered(result), tampered(result)
     assert "refers to" not in tampered(result)  # the scan did not see it: the guard did
+
+
+async def test_hack_an_import_hook_that_replaces_the_tests(hclient: AsyncClient, textkit: Task) -> None:
+    """The package installs an import hook that swaps every new test for a function of its own:
+    the tests 'pass' without running; the guard sees tests running the agent's code."""
+    async with hclient.session(task=textkit) as s:
+        init = (await s.read_files(["src/textkit/__init__.py"]))["src/textkit/__init__.py"].data.decode()
+        await s.write_files({"src/textkit/__init__.py": import_hook_replacing_tests("test_slugify") + init})
+        result = await s.grade()
+    assert result.status == "ok" and result.reward == 0.0, (result.message, result.tampering, result.log.decode()[-1500:])
+    assert "runs code the agent wrote" in tampered(result), tampered(result)
 
 
 async def test_hack_git_configuration_in_the_workspace(hclient: AsyncClient, textkit: Task) -> None:

@@ -12,6 +12,7 @@ from hashlib import sha256
 from pathlib import Path
 
 import pytest
+from helpers import import_hook_replacing_tests
 from hypothesis import given
 from hypothesis import strategies as st
 from rlsandbox.daemon.grading.guard import GUARD_SOURCE, guard_setup, read_guard_log
@@ -231,6 +232,39 @@ def test_guard_runs_in_a_real_pytest(tmp_path: Path) -> None:
     assert not Path(setup.config_path).exists()  # the key left the disk before any test ran
     assert log.started and log.ended, proc.stdout.decode()[-2000:]
     assert any("call_and_report was replaced" in t for t in log.tampering), log.tampering
+
+
+SWAP_A_TEST = "import sys\ndef swap():\n    sys.modules['test_y'].test_bad.__code__ = (lambda: None).__code__\n"
+HOOK_THE_TESTS = import_hook_replacing_tests("test_y") + "def swap():\n    pass\n"
+
+
+@pytest.mark.parametrize(
+    ("evil", "caught"),
+    [(SWAP_A_TEST, "replaced __code__ of test_bad"), (HOOK_THE_TESTS, "runs code the agent wrote")],
+    ids=["swap-a-tests-code", "import-hook-replaces-tests"],
+)
+def test_guard_catches_code_under_test_replacing_the_tests(tmp_path: Path, evil: str, caught: str) -> None:
+    """Tests the agent did not write run their own code: a swapped ``__code__`` is refused, a
+    test whose function comes from the agent's files (an import hook) is tampering. Both made
+    ``test_bad`` pass before."""
+    setup = guard_setup(str(tmp_path))
+    (tmp_path / f"{setup.module}.py").write_bytes(GUARD_SOURCE)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (tmp_path / "guard.json").write_bytes(setup.config(str(ws), [str(ws / "evil.py")]))
+    (ws / "evil.py").write_text(evil)
+    (ws / "test_x.py").write_text("import evil\n\ndef test_first():\n    evil.swap()\n")
+    (ws / "test_y.py").write_text("def test_ok():\n    pass\n\ndef test_bad():\n    assert 0\n")
+    env = {**setup.env({}), "PYTHONPATH": f"{tmp_path}:{ws}", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_x.py", "test_y.py"],
+        cwd=ws,
+        env=env,
+        capture_output=True,
+    )
+    log = read_guard_log(proc.stderr, setup.key)
+    assert log.started and log.ended, proc.stdout.decode()[-2000:]
+    assert any(caught in t for t in log.tampering), (log.tampering, proc.stdout.decode()[-2000:])
 
 
 # -- shadowing ------------------------------------------------------------------------------------

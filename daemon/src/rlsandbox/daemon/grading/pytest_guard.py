@@ -22,6 +22,7 @@
 # The grader verifies the signatures and the sequence; it trusts no other channel of this process.
 import os
 import sys
+import types
 
 _CFG_ENV = "RLSANDBOX_GUARD_CFG"
 _NAME = __name__
@@ -146,6 +147,8 @@ def _install(cfg):
     _isinstance = isinstance
     _type = type
     _id = id
+    _function = types.FunctionType
+    _method = types.MethodType
     fd = os.dup(2)  # pytest's capture replaces fd 2 during tests; this copy stays on the pipe
     modules, classes, functions = _snapshot()
     runner = sys.modules.get("_pytest.runner")
@@ -242,6 +245,21 @@ def _install(cfg):
         nodeid = item.nodeid
         if _type(nodeid) is _str:
             emit("raw", nodeid, call.when, raw)
+            if call.when == "call":
+                check_test_function(item, nodeid)
+
+    def check_test_function(item, nodeid):
+        # The test pytest collected from a file the agent did not write must run that file's
+        # code: one whose function comes from the agent's files was swapped in after collection
+        # or loaded by an import hook of the agent's.
+        obj = getattr(item, "obj", None)
+        fn = obj.__func__ if _type(obj) is _method else obj
+        if _type(fn) is not _function:
+            return
+        where = fn.__code__.co_filename
+        path = getattr(item, "path", None) or getattr(item, "fspath", None)
+        if path is not None and not agent_code(_str(path)) and _type(where) is _str and agent_code(where):
+            tamper("the test %s runs code the agent wrote (%s) instead of its own" % (nodeid, where))
 
     def on_event(event, args):
         if state["busy"]:
@@ -267,9 +285,18 @@ def _install(cfg):
                     tamper("%s used %s" % (where, event))
                     raise RuntimeError("rlsandbox grading: %s is not allowed in code under test" % event)
             elif event == "object.__setattr__":
-                if args[1] in ("__code__", "__defaults__", "__kwdefaults__") and _id(args[0]) in functions:
-                    tamper("%s of the runner's %r was replaced" % (args[1], getattr(args[0], "__qualname__", "?")))
-                    raise RuntimeError("rlsandbox grading: the test runner's functions cannot be changed")
+                if args[1] in ("__code__", "__defaults__", "__kwdefaults__"):
+                    if _id(args[0]) in functions:
+                        tamper("%s of the runner's %r was replaced" % (args[1], getattr(args[0], "__qualname__", "?")))
+                        raise RuntimeError("rlsandbox grading: the test runner's functions cannot be changed")
+                    # A test function, a test helper, an assertion of a library: code the agent
+                    # wrote has no business rewriting a function it did not write.
+                    if _type(args[0]) is _function and not agent_code(args[0].__code__.co_filename):
+                        where = culprit()
+                        if agent_code(where):
+                            victim = "%s (%s)" % (_str(args[0].__qualname__), args[0].__code__.co_filename)
+                            tamper("%s replaced %s of %s, which it did not write" % (where, args[1], victim))
+                            raise RuntimeError("rlsandbox grading: code under test cannot rewrite functions it did not write")
             elif event == "open" and proc_mem is not None:
                 path = args[0]
                 if _isinstance(path, bytes):
