@@ -13,9 +13,12 @@
 #   becomes a pass in between is tampering;
 # - snapshots the runner's machinery (pytest, pluggy, unittest, builtins) before any workspace code
 #   runs and checks, at every test and at the end, that none of it was replaced;
-# - refuses and records what code the agent wrote uses to reach into the runner: swapping a
-#   protected function's __code__, frame, gc and ctypes introspection, trace hooks, reading its own
-#   memory through /proc, compiling code under another file's name;
+# - checks that the tests run their own code: a test collected from a file the agent did not write
+#   whose function comes from the agent's files (an import hook of the agent's) is tampering;
+# - refuses and records what code the agent wrote uses to reach into the runner: swapping the
+#   __code__ of a function it did not write (a runner's, a test's, a helper's), frame, gc and
+#   ctypes introspection, trace hooks, reading its own memory through /proc, compiling code under
+#   another file's name;
 # - writes every record as one HMAC-signed line to a duplicate of the process's original stderr,
 #   taken before any workspace code ran: a pipe to the sandbox agent, where nothing written can be
 #   taken back (a file could be deleted by the code under test, which runs as the same user).
