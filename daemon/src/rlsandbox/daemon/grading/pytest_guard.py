@@ -14,7 +14,8 @@
 # - snapshots the runner's machinery (pytest, pluggy, unittest, builtins) before any workspace code
 #   runs and checks, at every test and at the end, that none of it was replaced;
 # - checks that the tests run their own code: a test collected from a file the agent did not write
-#   whose function comes from the agent's files (an import hook of the agent's) is tampering;
+#   whose function comes from the agent's files (an import hook of the agent's) is tampering, and
+#   so is a write into a test file's module with the agent's code on the stack;
 # - refuses and records what code the agent wrote uses to reach into the runner: swapping the
 #   __code__ of a function it did not write (a runner's, a test's, a helper's), frame, gc and
 #   ctypes introspection, trace hooks, reading its own memory through /proc, compiling code under
@@ -106,6 +107,35 @@ _FRAME_ATTRS = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_bac
 _HELPERS = ("/inspect.py", "/traceback.py", "/ctypes/__init__.py", "/threading.py")
 
 
+_TEST_DIRS = frozenset(("test", "tests", "testing"))
+
+
+def _test_file(relative):
+    """A workspace file named like a test, or in a folder named like a test folder."""
+    parts = relative.split("/")
+    base = parts[-1]
+    if base == "conftest.py" or base == "tests.py" or base.startswith("test_") or base.endswith("_test.py"):
+        return True
+    return any(p in _TEST_DIRS or p.endswith("_tests") for p in parts[:-1])
+
+
+def _guarded_setattr(self, name, value):
+    # A test module's attributes: every write is shown to the guard, which knows who wrote it.
+    sys.audit(_NAME + ".set", self, name, value)
+    types.ModuleType.__setattr__(self, name, value)
+
+
+def _guarded_delattr(self, name):
+    sys.audit(_NAME + ".set", self, name, None)
+    types.ModuleType.__delattr__(self, name)
+
+
+class _TestModule(types.ModuleType):
+    __slots__ = ()
+    __setattr__ = _guarded_setattr
+    __delattr__ = _guarded_delattr
+
+
 def _snapshot():
     modules = {}
     classes = []
@@ -165,7 +195,7 @@ def _install(cfg):
         proc_mem = (proc.st_dev, proc.st_ino)
     except OSError:
         proc_mem = None
-    state = {"seq": 0, "busy": False, "said": set(), "pid": _getpid()}
+    state = {"seq": 0, "busy": False, "said": set(), "pid": _getpid(), "modules": 0}
 
     def emit(kind, *fields):
         if _getpid() != state["pid"]:
@@ -223,6 +253,43 @@ def _install(cfg):
     def agent_code(filename):
         return filename in changed or (filename.startswith(workspace) and not filename.endswith("conftest.py") and not changed)
 
+    seen = set()
+    _module_type = types.ModuleType
+    _test_module = _TestModule
+    _module_dict = types.ModuleType.__dict__["__dict__"].__get__
+
+    def guard_test_modules():
+        # Called at every import: modules loaded since are looked at once; the test files the
+        # agent did not write get a class whose attribute writes raise an audit event.
+        mods = sys.modules
+        if len(mods) == state["modules"]:
+            return
+        state["modules"] = len(mods)
+        for mod in list(mods.values()):
+            if _id(mod) in seen or _type(mod) is not _module_type:
+                continue
+            seen.add(_id(mod))
+            filename = _module_dict(mod).get("__file__")
+            if _type(filename) is not _str or not filename.startswith(workspace) or filename in changed:
+                continue
+            if _test_file(filename[len(workspace) :]):
+                try:
+                    mod.__class__ = _test_module
+                except TypeError:
+                    pass
+
+    def on_module_write(mod, name, value):
+        if _isinstance(value, _module_type):
+            return  # the import system binding a submodule to its package
+        frame = _getframe(2)
+        while frame is not None:
+            where = frame.f_code.co_filename
+            if agent_code(where):
+                filename = _module_dict(mod).get("__file__")
+                tamper("%s changed %s of the test file %s" % (where, _str(name), _str(filename)))
+                return
+            frame = frame.f_back
+
     def on_report(report):
         if _type(report) is not report_type:
             tamper("a report of type %r reached the runner" % _type(report).__name__)
@@ -273,6 +340,10 @@ def _install(cfg):
                 on_report(args[0])
             elif event == _NAME + ".raw":
                 on_raw(args[0], args[1])
+            elif event == "import" or event == _NAME + ".collected":
+                guard_test_modules()
+            elif event == _NAME + ".set":
+                on_module_write(args[0], args[1], args[2])
             elif event == _NAME + ".end":
                 verify()
                 emit("end", _repr(args[0]))
@@ -287,6 +358,9 @@ def _install(cfg):
                 if agent_code(where):
                     tamper("%s used %s" % (where, event))
                     raise RuntimeError("rlsandbox grading: %s is not allowed in code under test" % event)
+            elif event in ("object.__setattr__", "object.__delattr__") and args[0] is _test_module:
+                tamper("%s changed the guard's class of test modules (%s)" % (culprit(), _str(args[1])))
+                raise RuntimeError("rlsandbox grading: the guard's classes cannot be changed")
             elif event == "object.__setattr__":
                 if args[1] in ("__code__", "__defaults__", "__kwdefaults__"):
                     if _id(args[0]) in functions:
@@ -343,6 +417,10 @@ if _cfg is not None:
         # Innermost wrapper: sees the outcome of pytest's own makereport before any other wrapper.
         sys.audit(_NAME + ".raw", item, call)
         yield
+
+    @_pytest_api.hookimpl(tryfirst=True)
+    def pytest_collection_finish(session):
+        sys.audit(_NAME + ".collected")
 
     @_pytest_api.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(report):
