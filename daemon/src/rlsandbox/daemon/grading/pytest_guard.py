@@ -108,6 +108,7 @@ _HELPERS = ("/inspect.py", "/traceback.py", "/ctypes/__init__.py", "/threading.p
 
 
 _TEST_DIRS = frozenset(("test", "tests", "testing"))
+_FORGED = "<a file name that is not a str>"
 
 
 def _test_file(relative):
@@ -180,6 +181,7 @@ def _install(cfg):
     _isinstance = isinstance
     _type = type
     _id = id
+    _decode = bytes.decode
     _function = types.FunctionType
     _method = types.MethodType
     fd = os.dup(2)  # pytest's capture replaces fd 2 during tests; this copy stays on the pipe
@@ -240,18 +242,31 @@ def _install(cfg):
         for cls, members in classes:
             check_members("%s.%s" % (cls.__module__, cls.__qualname__), members, vars(cls), True)
 
+    def file_of(frame):
+        # A file name that is not exactly a str (a subclass the agent made) would run the agent's
+        # own methods inside this hook, where nothing is watched: it counts as forged.
+        filename = frame.f_code.co_filename
+        return filename if _type(filename) is _str else _FORGED
+
     def culprit():
-        """The file of the nearest frame that raised the event, past the stdlib's frame helpers."""
+        """The file of the nearest frame that raised the event, past the stdlib's frame helpers
+        and past code compiled from a string (``<string>``), which is its executor's doing."""
         frame = _getframe(2)
         while frame is not None:
-            filename = frame.f_code.co_filename
-            if not filename.endswith(_HELPERS):
+            filename = file_of(frame)
+            executed = filename[:1] == "<" and filename is not _FORGED and not filename.startswith("<frozen")
+            if not executed and not filename.endswith(_HELPERS):
                 return filename
             frame = frame.f_back
         return ""
 
     def agent_code(filename):
+        if _type(filename) is not _str or filename is _FORGED:
+            return True
         return filename in changed or (filename.startswith(workspace) and not filename.endswith("conftest.py") and not changed)
+
+    def text(value):
+        return value if _type(value) is _str else "<not a str>"
 
     seen = set()
     _module_type = types.ModuleType
@@ -283,10 +298,10 @@ def _install(cfg):
             return  # the import system binding a submodule to its package
         frame = _getframe(2)
         while frame is not None:
-            where = frame.f_code.co_filename
+            where = file_of(frame)
             if agent_code(where):
                 filename = _module_dict(mod).get("__file__")
-                tamper("%s changed %s of the test file %s" % (where, _str(name), _str(filename)))
+                tamper("%s changed %s of the test file %s" % (where, text(name), text(filename)))
                 return
             frame = frame.f_back
 
@@ -359,7 +374,7 @@ def _install(cfg):
                     tamper("%s used %s" % (where, event))
                     raise RuntimeError("rlsandbox grading: %s is not allowed in code under test" % event)
             elif event in ("object.__setattr__", "object.__delattr__") and args[0] is _test_module:
-                tamper("%s changed the guard's class of test modules (%s)" % (culprit(), _str(args[1])))
+                tamper("%s changed the guard's class of test modules (%s)" % (culprit(), text(args[1])))
                 raise RuntimeError("rlsandbox grading: the guard's classes cannot be changed")
             elif event == "object.__setattr__":
                 if args[1] in ("__code__", "__defaults__", "__kwdefaults__"):
@@ -371,14 +386,16 @@ def _install(cfg):
                     if _type(args[0]) is _function and not agent_code(args[0].__code__.co_filename):
                         where = culprit()
                         if agent_code(where):
-                            victim = "%s (%s)" % (_str(args[0].__qualname__), args[0].__code__.co_filename)
+                            victim = "%s (%s)" % (text(args[0].__qualname__), args[0].__code__.co_filename)
                             tamper("%s replaced %s of %s, which it did not write" % (where, args[1], victim))
                             raise RuntimeError("rlsandbox grading: code under test cannot rewrite functions it did not write")
             elif event == "open" and proc_mem is not None:
                 path = args[0]
                 if _isinstance(path, bytes):
-                    path = path.decode("utf-8", "surrogateescape")
-                if _isinstance(path, _str):
+                    path = _decode(b"".join((path,)), "utf-8", "surrogateescape")  # C copies: no method of a subclass runs
+                elif _isinstance(path, _str):
+                    path = _str.__str__(path)
+                if _type(path) is _str:
                     if not path.startswith("/"):
                         path = _getcwd() + "/" + path
                     try:
@@ -390,11 +407,13 @@ def _install(cfg):
                         raise PermissionError("rlsandbox grading: process memory is not readable in tests")
             elif event == "compile":
                 filename = args[1]
-                if _isinstance(filename, bytes):
+                if _type(filename) is bytes:
                     filename = filename.decode("utf-8", "surrogateescape")
+                elif filename is not None and _type(filename) is not _str:
+                    filename = _FORGED  # a str or bytes subclass of the agent's: its methods are not called here
                 if (
-                    _isinstance(filename, _str)
-                    and filename[:1] not in ("<", "")
+                    _type(filename) is _str
+                    and (filename[:1] not in ("<", "") or filename is _FORGED)
                     and filename not in changed
                     and agent_code(culprit())
                 ):
