@@ -219,3 +219,60 @@ def import_hook_replacing_tests(module: str) -> str:
         "        return spec\n"
         "_s.meta_path.insert(0, _Finder())\n"
     )
+
+
+# Frame walking to pytest's items, replacing every test named in ``names`` with a passing function.
+_WALK_TO_ITEMS = (
+    "import sys\n"
+    "f = sys._getframe()\n"
+    "while f is not None and 'item' not in f.f_locals:\n"
+    "    f = f.f_back\n"
+    "for it in f.f_locals['item'].session.items:\n"
+    "    if it.name in NAMES:\n"
+    "        it.obj = lambda *a, **k: None\n"
+)
+
+
+def module_written_at_run_time(names: list[str], folder: str = "'/tmp/rls_hack_mod'") -> str:
+    """Code under test (a hack): writes a module outside the workspace at run time and imports
+    it; the module walks frames to pytest's items (no file of the agent's on the stack).
+    ``folder``: a Python expression for where the module goes."""
+    walk = f"NAMES = {names!r}\n" + _WALK_TO_ITEMS
+    return (
+        "def _plant():\n"
+        "    import importlib, os, sys\n"
+        f"    folder = {folder}\n"
+        "    os.makedirs(folder, exist_ok=True)\n"
+        "    with open(os.path.join(folder, 'rls_walker.py'), 'w') as f:\n"
+        f"        f.write({walk!r})\n"
+        "    sys.path.insert(0, folder)\n"
+        "    importlib.import_module('rls_walker')\n"
+    )
+
+
+def forged_test_bytecode(test_file: str, passing_source: str, levels: int) -> str:
+    """Code under test (a hack), run when its module is imported during collection: writes
+    pytest's cached bytecode for ``test_file`` (relative to the workspace, ``levels`` folders
+    above the module's file) holding ``passing_source`` under the test file's own name, valid for
+    the file as it is (pytest checks a hash of the source), so pytest loads it instead of the file.
+    No code is compiled under the test file's name: the name is written into the bytes."""
+    return (
+        "def _forge():\n"
+        "    import importlib.util, marshal, os, sys, _pytest\n"
+        f"    root = os.path.abspath(__file__)\n"
+        f"    for _ in range({levels}):\n"
+        "        root = os.path.dirname(root)\n"
+        f"    path = os.path.join(root, {test_file!r})\n"
+        "    placeholder = '<' + 'x' * (len(path) - 2) + '>'\n"
+        f"    code = compile({passing_source!r}, placeholder, 'exec')\n"
+        "    blob = marshal.dumps(code).replace(placeholder.encode(), path.encode())\n"
+        "    cache = os.path.join(os.path.dirname(path), '__pycache__')\n"
+        "    os.makedirs(cache, exist_ok=True)\n"
+        "    stem = os.path.basename(path)[:-3]\n"
+        "    tag = sys.implementation.cache_tag + '-pytest-' + _pytest.__version__\n"
+        "    with open(path, 'rb') as f:\n"
+        "        digest = importlib.util.source_hash(f.read())\n"
+        "    with open(os.path.join(cache, stem + '.' + tag + '.pyc'), 'wb') as f:\n"
+        "        f.write(importlib.util.MAGIC_NUMBER + b'\\x03\\x00\\x00\\x00' + digest[:8] + blob)\n"
+        "_forge()\n"
+    )
