@@ -274,7 +274,12 @@ REPLACE_IN_SYS_MODULES = (
     "import sys, types\ndef swap():\n    fake = types.ModuleType('math')\n"
     "    fake.isclose = lambda *a, **k: True\n    sys.modules['math'] = fake\n"
 )
-# Code from files that appeared during the run: a module outside the workspace, planted bytecode.
+PATCH_WITH_A_NATIVE_FUNCTION = "import math, operator\ndef swap():\n    vars(math)['isclose'] = operator.is_not\n"
+# Code from files that appeared during the run: a module outside the workspace, planted bytecode,
+# a test file made the agent's by touching it (chmod) before an import hook swaps its tests.
+TOUCH_A_TEST_FILE = (
+    "import os\nos.chmod(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'test_y.py'), 0o644)\n" + HOOK_THE_TESTS
+)
 MODULE_WRITTEN_AT_RUN_TIME = (
     module_written_at_run_time(
         ["test_bad"], folder="os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'runtime')"
@@ -305,6 +310,8 @@ FORGED_TEST_BYTECODE = (
         (REPLACE_IN_SYS_MODULES, "sys.modules['math'] was replaced"),
         (MODULE_WRITTEN_AT_RUN_TIME, "rls_walker.py used sys._getframe"),
         (FORGED_TEST_BYTECODE, "test_y.py was loaded from bytecode written during the test run"),
+        (PATCH_WITH_A_NATIVE_FUNCTION, "math.isclose was replaced by code of <native _operator>"),
+        (TOUCH_A_TEST_FILE, "test_y.py was changed during the test run"),
     ],
     ids=[
         "swap-a-tests-code",
@@ -322,6 +329,8 @@ FORGED_TEST_BYTECODE = (
         "replace-in-sys-modules",
         "module-written-at-run-time",
         "forged-test-bytecode",
+        "patch-with-a-native-function",
+        "touch-a-test-file",
     ],
 )
 def test_guard_catches_code_under_test_replacing_the_tests(tmp_path: Path, evil: str, caught: str) -> None:

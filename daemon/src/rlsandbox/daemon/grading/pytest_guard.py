@@ -313,7 +313,12 @@ def _install(cfg):
         path = filename
         while path:
             try:
-                return _stat(path).st_ctime_ns >= start_ns and not written.get(path, False)
+                fresh = _stat(path).st_ctime_ns >= start_ns and not written.get(path, False)
+                if fresh and path.startswith(workspace) and path == filename:
+                    # A file of the workspace the agent did not change, changed while the tests ran
+                    # (even a chmod): whatever it holds now, its code is no longer the task's.
+                    tamper("%s was changed during the test run" % filename)
+                return fresh
             except OSError:
                 # Gone (written, imported, deleted: its folder changed) or inside a zip archive.
                 path = path[: path.rfind("/")]
@@ -349,7 +354,12 @@ def _install(cfg):
             return file_of_code(value.__code__)
         if kind is _builtin:
             owner = value.__self__
-            return "<builtins>" if owner is None or owner is _builtins_module else "<native>"
+            if owner is None or owner is _builtins_module:
+                return "<builtins>"
+            if _type(owner) is _module_type or _type(owner) is _watched_module:
+                name = _module_dict(owner).get("__name__")
+                return "<native %s>" % name if _type(name) is _str else "<native>"
+            return "<native>"
         if not _issubclass(kind, type):
             return origin(kind)  # an instance: its class's code
         if not type.__dict__["__flags__"].__get__(value) & _HEAP_TYPE:
@@ -363,11 +373,7 @@ def _install(cfg):
 
     def suspicious(where):
         # Code the agent wrote, or code standing in for a library function with no library behind it.
-        return (
-            where in ("<builtins>", "<unknown>")
-            or (where[:1] == "<" and not where.startswith(("<frozen", "<native>")))
-            or agent_code(where)
-        )
+        return (where[:1] == "<" and not where.startswith("<frozen")) or agent_code(where)
 
     # Every module that is not the agent's is watched once it has finished importing: it gets a
     # class whose attribute writes raise an audit event (so their writer is known), and the guard
@@ -539,7 +545,9 @@ def _install(cfg):
                 tamper("%s.%s was removed during the test run" % (label, key_))
                 continue
             where = origin(now)
-            own = _type(filename) is _str and (where == filename or (where == "<unknown>" and filename in reloaded))
+            own = (_type(filename) is _str and (where == filename or (where == "<unknown>" and filename in reloaded))) or (
+                entry[6] is not None and where == "<native %s>" % entry[6]
+            )
             if (test and not own) or (not own and suspicious(where)):
                 tamper("%s.%s was replaced by code of %s without the module's knowledge" % (label, key_, text(where)))
 
@@ -551,9 +559,11 @@ def _install(cfg):
             if _type(filename) is _str and agent_code(filename):
                 where = filename
             else:
+                # A module with no file was made at run time: nothing in it may stand in for a library.
+                made = _type(filename) is not _str
                 where = ""
                 for value in list(namespace.values()):
-                    if _type(value) in _WATCHED and agent_code(origin(value)):
+                    if _type(value) in _WATCHED and (agent_code(origin(value)) or (made and suspicious(origin(value)))):
                         where = origin(value)
                         break
         else:
