@@ -16,10 +16,16 @@
 # - checks that the tests run their own code: a test collected from a file the agent did not write
 #   whose function comes from the agent's files (an import hook of the agent's) is tampering, and
 #   so is a write into a test file's module with the agent's code on the stack;
+# - watches what the tests call: every module that is not the agent's gets a module class whose
+#   attribute writes raise an audit event (the agent replacing a library's function is tampering),
+#   and its functions and classes are compared by identity (writes past that class);
+# - counts as the agent's code every file that appeared or changed during the run (a module it
+#   writes to /tmp and imports), unless the tests wrote it; bytecode that appeared during the run
+#   (a planted .pyc of a test file) is tampering;
 # - refuses and records what code the agent wrote uses to reach into the runner: swapping the
 #   __code__ of a function it did not write (a runner's, a test's, a helper's), frame, gc and
 #   ctypes introspection, trace hooks, reading its own memory through /proc, compiling code under
-#   another file's name;
+#   another file's name, loading bytecode itself, giving a module a class of its own;
 # - writes every record as one HMAC-signed line to a duplicate of the process's original stderr,
 #   taken before any workspace code ran: a pipe to the sandbox agent, where nothing written can be
 #   taken back (a file could be deleted by the code under test, which runs as the same user).
