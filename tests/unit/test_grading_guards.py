@@ -274,6 +274,35 @@ REPLACE_IN_SYS_MODULES = (
     "import sys, types\ndef swap():\n    fake = types.ModuleType('math')\n"
     "    fake.isclose = lambda *a, **k: True\n    sys.modules['math'] = fake\n"
 )
+# The runner's live objects, reached without frames or gc: pytest keeps its config and plugin
+# manager on a class (_pytest.debugging.pytestPDB), from where the session and its items are one
+# call away. Each of these made every test pass.
+_PDB = "import importlib\ndef _pdb():\n    return importlib.import_module('_py' + 'test.debugging').pytestPDB\n"
+_ITEMS = "    for it in _pdb()._config.pluginmanager.get_plugin('session').items:\n        if it.name.startswith('test_bad'):\n"
+REGISTER_A_PLUGIN = (
+    _PDB + "class _P:\n    def pytest_pyfunc_call(self, pyfuncitem):\n        return True\n"
+    "_P.pytest_pyfunc_call.tryfirst = True\ndef swap():\n    _pdb()._pluginmanager.register(_P(), 'p')\n"
+)
+UNREGISTER_PYTESTS_OWN = _PDB + "def swap():\n    _pdb()._pluginmanager.unregister(name='python')\n"
+ITEM_RUNS_A_BUILTIN = _PDB + "def swap():\n" + _ITEMS + "            it.obj = bool\n"
+ITEM_RUNTEST_REPLACED = _PDB + "def swap():\n" + _ITEMS + "            it.runtest = lambda: None\n"
+ITEM_CLASS_REPLACED = (
+    _PDB + "def swap():\n" + _ITEMS + "            it.__class__ = type('F', (type(it),), {'runtest': lambda self: None})\n"
+)
+HOOKIMPL_ADDED = _PDB + (
+    "def swap():\n    from pluggy import HookimplMarker\n    class P:\n"
+    "        @HookimplMarker('pytest')(tryfirst=True)\n"
+    "        def pytest_pyfunc_call(self, pyfuncitem):\n            return True\n"
+    "    caller = _pdb()._pluginmanager.hook.pytest_pyfunc_call\n    p = P()\n"
+    "    opts = dict(tryfirst=True, trylast=False, hookwrapper=False, wrapper=False, optionalhook=False, specname=None)\n"
+    "    caller._add_hookimpl(type(caller.get_hookimpls()[0])(p, 'x', p.pytest_pyfunc_call, opts))\n"
+)
+SESSION_METHOD_SHADOWED = _PDB + (
+    "def swap():\n    session = _pdb()._config.pluginmanager.get_plugin('session')\n    real = session.gethookproxy\n"
+    "    class Proxy:\n        def __init__(self, h):\n            self.h = h\n        def __getattr__(self, n):\n"
+    "            return (lambda **kw: None) if n == 'pytest_runtest_call' else getattr(self.h, n)\n"
+    "    session.gethookproxy = lambda fspath: Proxy(real(fspath))\n"
+)
 PATCH_WITH_A_NATIVE_FUNCTION = "import math, operator\ndef swap():\n    vars(math)['isclose'] = operator.is_not\n"
 # Code from files that appeared during the run: a module outside the workspace, planted bytecode,
 # a test file made the agent's by touching it (chmod) before an import hook swaps its tests.
@@ -312,6 +341,13 @@ FORGED_TEST_BYTECODE = (
         (FORGED_TEST_BYTECODE, "test_y.py was loaded from bytecode written during the test run"),
         (PATCH_WITH_A_NATIVE_FUNCTION, "math.isclose was replaced by code of <native _operator>"),
         (TOUCH_A_TEST_FILE, "test_y.py was changed during the test run"),
+        (REGISTER_A_PLUGIN, "evil.py registered a pytest plugin"),
+        (UNREGISTER_PYTESTS_OWN, "hook implementation pytest_pyfunc_call was removed"),
+        (ITEM_RUNS_A_BUILTIN, "test_y.py::test_bad runs <builtins> instead of its own function"),
+        (ITEM_RUNTEST_REPLACED, "test_y.py::test_bad has its runtest replaced"),
+        (ITEM_CLASS_REPLACED, "replaced the class of pytest's Function"),
+        (HOOKIMPL_ADDED, "a pytest hook implementation of"),
+        (SESSION_METHOD_SHADOWED, "Session.gethookproxy was replaced by code of"),
     ],
     ids=[
         "swap-a-tests-code",
@@ -331,6 +367,13 @@ FORGED_TEST_BYTECODE = (
         "forged-test-bytecode",
         "patch-with-a-native-function",
         "touch-a-test-file",
+        "register-a-plugin",
+        "unregister-pytests-own",
+        "item-runs-a-builtin",
+        "item-runtest-replaced",
+        "item-class-replaced",
+        "hookimpl-added",
+        "session-method-shadowed",
     ],
 )
 def test_guard_catches_code_under_test_replacing_the_tests(tmp_path: Path, evil: str, caught: str) -> None:

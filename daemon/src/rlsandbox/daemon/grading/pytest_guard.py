@@ -183,6 +183,15 @@ def _snapshot():
     return modules, classes, functions
 
 
+def _ObjectDict(obj):
+    # An object's own attributes (a pytest item's), read past its class's __getattribute__.
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        return {}
+    return d if type(d) is dict else {}
+
+
 def _real_dict(cls):
     import gc
 
@@ -218,6 +227,7 @@ def _install(cfg):
     _partial = functools.partial
     _code = types.CodeType
     _function_dict = types.FunctionType.__dict__["__dict__"].__get__
+    _object_dict = _ObjectDict
     _open = io.open
     sources = {}
     _all = all
@@ -555,9 +565,13 @@ def _install(cfg):
     def on_class_write(target, name):
         # A library's class losing a method to the agent's code (``difflib.SequenceMatcher.ratio``),
         # or a module given a class of the agent's (whose __getattribute__ answers for it).
-        if name == "__class__":
-            if not _issubclass(_type(target), _module_type):
+        if name == "__class__" and not _issubclass(_type(target), _module_type):
+            # One of the runner's objects (a test item, a report) given a class of the agent's.
+            if not origin(_type(target)).startswith(runner_root):
                 return
+            filename = None
+            what = "the class of pytest's %s" % _type(target).__name__
+        elif name == "__class__":
             filename = _module_dict(target).get("__file__")
             what = "the class of the module %s" % text(_module_dict(target).get("__name__"))
         else:
@@ -571,6 +585,89 @@ def _install(cfg):
         if where:
             tamper("%s replaced %s" % (where, what))
             raise RuntimeError("rlsandbox grading: code under test cannot replace what the tests call")
+
+    hooks = {"pm": None, "impls": ()}
+
+    def on_plugin(plugin, manager):
+        # Every plugin registered from now on (and, once, every one before): by pytest (conftests,
+        # entry points), or by the agent's code (through pytestPDB._pluginmanager, a config it found).
+        if hooks["pm"] is None:
+            hooks["pm"] = manager
+            hooks["impls"] = hook_impls()
+        elif manager is not hooks["pm"]:
+            return  # a nested run's (pytester)
+        frame = _getframe(2)
+        while frame is not None:
+            where = file_of(frame)
+            if agent_code(where):
+                tamper("%s registered a pytest plugin (%s)" % (where, text(origin(plugin))))
+                return
+            frame = frame.f_back
+        hooks["impls"] = hook_impls()
+
+    def hook_impls():
+        # Every hook implementation and its function (one's function may be swapped in place).
+        pm = hooks["pm"]
+        impls = []
+        for caller in list(_object_dict(getattr(pm, "hook", None)).values()):
+            get = getattr(caller, "get_hookimpls", None)
+            for impl in get() if get is not None else ():
+                impls += (impl, getattr(impl, "function", None))
+        return tuple(impls)
+
+    def check_hooks():
+        # Hook implementations added past register() (a HookCaller's _add_hookimpl), swapped in
+        # place, or pytest's own taken away (unregister('python'): no test function is called).
+        if hooks["pm"] is None:
+            return
+        now = hook_impls()
+        before = hooks["impls"]
+        if len(now) == len(before) and _all(_map(_is, now, before)):
+            return
+        hooks["impls"] = now
+        old = frozenset(_map(_id, before))
+        new = frozenset(_map(_id, now))
+        for function in now[1::2]:
+            if _id(function) not in old and suspicious(origin(function)):
+                tamper("a pytest hook implementation of %s was added during the test run" % text(origin(function)))
+        for function in before[1::2]:
+            if _id(function) not in new and runner_owned(function):
+                name = _function_dict(function).get("__qualname__") if _type(function) is _function else None
+                tamper("pytest's hook implementation %s was removed during the test run" % text(name or function.__qualname__))
+
+    # The runner's live objects (the session, its config, the plugin manager, its hook callers):
+    # an attribute of their own standing in for a method (session.gethookproxy, a caller's
+    # _hookexec) routes the tests past their code. Compared by identity once a test.
+    live = {"objects": (), "flat": ()}
+
+    def watch_live(session):
+        config = getattr(session, "config", None)
+        pm = getattr(config, "pluginmanager", None)
+        relay = getattr(pm, "hook", None)
+        objects = [session, config, pm, relay] + list(_object_dict(relay).values())
+        live["objects"] = tuple(o for o in objects if o is not None)
+        live["flat"] = live_state()
+
+    def live_state():
+        values = []
+        for obj in live["objects"]:
+            values += _object_dict(obj).values()
+        return tuple(values)
+
+    def check_live():
+        now = live_state()
+        before = live["flat"]
+        if len(now) == len(before) and _all(_map(_is, now, before)):
+            return
+        live["flat"] = now
+        seen = frozenset(_map(_id, before))
+        for obj in live["objects"]:
+            cls = _type(obj)
+            for key_, value in list(_object_dict(obj).items()):
+                if _id(value) in seen or _type(key_) is not _str:
+                    continue
+                if (_type(value) in _METHODS or _issubclass(_type(value), type) or callable(value)) and suspicious(origin(value)):
+                    tamper("pytest's %s.%s was replaced by code of %s" % (cls.__name__, key_, text(origin(value))))
 
     def check_modules(final=False):
         # Writes that raised no event (the module's __dict__, object.__setattr__, a class's
@@ -683,23 +780,39 @@ def _install(cfg):
             emit("raw", nodeid, call.when, raw)
             if call.when == "call":
                 check_test_function(item, nodeid)
+                check_live()
                 watch_modules(every=True)
                 if _monotonic() >= state["next_check"]:
                     # ~0.6 ms for 500 modules: between tests at most every CHECK_EVERY, and at the end.
                     check_modules()
+                    check_hooks()
                     state["next_check"] = _monotonic() + _CHECK_EVERY
 
     def check_test_function(item, nodeid):
         # The test pytest collected from a file the agent did not write must run that file's
         # code: one whose function comes from the agent's files was swapped in after collection
         # or loaded by an import hook of the agent's.
+        path = getattr(item, "path", None) or getattr(item, "fspath", None)
+        if path is None or agent_code(_str(path)):
+            return  # a test file of the agent's: its tests are its own
+        for key_, value in list(_object_dict(item).items()):
+            # The item's own attributes standing in for its methods (item.runtest = lambda: None).
+            if (
+                _type(key_) is _str
+                and key_ not in ("obj", "_obj")
+                and _type(getattr(_type(item), key_, None)) is _function  # shadows one of its methods
+                and suspicious(origin(value))
+            ):
+                tamper("the test %s has its %s replaced by code of %s" % (nodeid, key_, text(origin(value))))
         obj = getattr(item, "obj", None)
         fn = obj.__func__ if _type(obj) is _method else obj
         if _type(fn) is not _function:
+            # A builtin or a class in place of the test function (item.obj = bool passes any test).
+            if fn is not None and suspicious(origin(fn)):
+                tamper("the test %s runs %s instead of its own function" % (nodeid, text(origin(fn))))
             return
         where = fn.__code__.co_filename
-        path = getattr(item, "path", None) or getattr(item, "fspath", None)
-        if path is not None and not agent_code(_str(path)) and _type(where) is _str and agent_code(where):
+        if _type(where) is _str and agent_code(where):
             if decorated(fn, _str(path)):
                 return  # a decorator the test file names (its code is the agent's to write)
             tamper("the test %s runs code the agent wrote (%s) instead of its own" % (nodeid, where))
@@ -738,12 +851,17 @@ def _install(cfg):
                 watch_modules()
             elif event == _NAME + ".collected":
                 watch_modules(every=True)
+                watch_live(args[0])
+            elif event == _NAME + ".plugin":
+                on_plugin(args[0], args[1])
             elif event == _NAME + ".set":
                 on_module_write(args[0], args[1], args[2])
             elif event == _NAME + ".end":
                 verify()
                 watch_modules(every=True)
                 check_modules(final=True)
+                check_hooks()
+                check_live()
                 emit("end", _repr(args[0]))
             elif event == "object.__getattr__":
                 if args[1] in _FRAME_ATTRS:
@@ -853,8 +971,12 @@ if _cfg is not None:
         yield
 
     @_pytest_api.hookimpl(tryfirst=True)
+    def pytest_plugin_registered(plugin, manager):
+        sys.audit(_NAME + ".plugin", plugin, manager)
+
+    @_pytest_api.hookimpl(tryfirst=True)
     def pytest_collection_finish(session):
-        sys.audit(_NAME + ".collected")
+        sys.audit(_NAME + ".collected", session)
 
     @_pytest_api.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(report):
