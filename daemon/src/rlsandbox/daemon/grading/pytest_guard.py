@@ -19,6 +19,9 @@
 # - watches what the tests call: every module that is not the agent's gets a module class whose
 #   attribute writes raise an audit event (the agent replacing a library's function is tampering),
 #   and its functions and classes are compared by identity (writes past that class);
+# - watches the runner's live objects, which pytest leaves on a class (pytestPDB): plugins
+#   registered by the agent's code, hook implementations added or removed, the own attributes of
+#   the session, config, plugin manager and hook callers, the test items' functions and methods;
 # - counts as the agent's code every file that appeared or changed during the run (a module it
 #   writes to /tmp and imports), unless the tests wrote it; bytecode that appeared during the run
 #   (a planted .pyc of a test file) is tampering;
