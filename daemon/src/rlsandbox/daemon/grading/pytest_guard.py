@@ -186,6 +186,19 @@ def _snapshot():
     return modules, classes, functions
 
 
+def _undumpable():
+    # A process the tests start (same user) could otherwise read and write this one's memory
+    # through /proc/<pid>/mem or ptrace (the key, the records' pipe at /proc/<pid>/fd): without
+    # CAP_SYS_PTRACE, which sandboxes do not have, the kernel refuses both for a process that is not
+    # dumpable. The process itself keeps its own /proc files.
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except Exception:
+        pass
+
+
 def _ObjectDict(obj):
     # An object's own attributes (a pytest item's), read past its class's __getattribute__.
     try:
@@ -250,6 +263,7 @@ def _install(cfg):
     start_ns = time.time_ns()
     _monotonic = time.monotonic
     fd = os.dup(2)  # pytest's capture replaces fd 2 during tests; this copy stays on the pipe
+    _undumpable()
     modules, classes, functions = _snapshot()
     # Each class's own dict, not its read-only view: the view's get is a method call per key.
     classes = [(cls, members, _real_dict(cls)) for cls, members in classes]
