@@ -387,6 +387,7 @@ def _install(cfg):
     # changed while the tests ran (a module written to /tmp and imported, a test file's bytecode
     # planted in __pycache__); no one else writes code there (PYTHONDONTWRITEBYTECODE).
     verdicts = {}
+    fresh_runner = {}
     written = {}  # modules written during the run -> written by the tests, with no agent code on the stack
     fresh_code = set()  # sources whose code was loaded from bytecode written during the run
 
@@ -445,6 +446,9 @@ def _install(cfg):
                 name = _module_dict(owner).get("__name__")
                 return "<native %s>" % name if _type(name) is _str else "<native>"
             return "<native>"
+        if kind is _module_type or kind is _watched_module:
+            filename = _module_dict(value).get("__file__")
+            return filename if _type(filename) is _str else "<unknown>"  # a module made at run time
         if not _issubclass(kind, type):
             return origin(kind)  # an instance: its class's code
         if not type.__dict__["__flags__"].__get__(value) & _HEAP_TYPE:
@@ -458,7 +462,22 @@ def _install(cfg):
 
     def suspicious(where):
         # Code the agent wrote, or code standing in for a library function with no library behind it.
-        return (where[:1] == "<" and not where.startswith("<frozen")) or agent_code(where)
+        # Code where the runner is installed is the runner's, even changed by the agent: when the
+        # project under test is pytest itself (installed from the workspace), that is the task.
+        if where[:1] == "<":
+            return not where.startswith("<frozen")
+        return agent_code(where) and not runner_file(where)
+
+    def runner_file(where):
+        if not where.startswith(runner_root):
+            return False
+        fresh = fresh_runner.get(where)
+        if fresh is None:
+            try:
+                fresh = fresh_runner[where] = _stat(where).st_ctime_ns >= start_ns
+            except OSError:
+                fresh = fresh_runner[where] = True
+        return not fresh and where not in fresh_code
 
     # Every module that is not the agent's is watched once it has finished importing: it gets a
     # class whose attribute writes raise an audit event (so their writer is known), and the guard
@@ -613,14 +632,32 @@ def _install(cfg):
             hooks["impls"] = hook_impls()
         elif manager is not hooks["pm"]:
             return  # a nested run's (pytester)
+        if plugin is None:
+            return  # a name blocked with -p no:NAME
         frame = _getframe(2)
         while frame is not None:
             where = file_of(frame)
             if agent_code(where):
-                tamper("%s registered a pytest plugin (%s)" % (where, text(origin(plugin))))
-                return
+                # Registered by the agent's code: its hook implementations must be the runner's or a
+                # library's (a plugin of the agent's answering pytest_pyfunc_call passes every test).
+                for function in plugin_hooks(manager, plugin):
+                    if suspicious(origin(function)):
+                        tamper(
+                            "%s registered a pytest plugin (%s, hooks of %s)"
+                            % (where, _type(plugin).__name__, text(origin(function)))
+                        )
+                        return
+                break
             frame = frame.f_back
         hooks["impls"] = hook_impls()
+
+    def plugin_hooks(manager, plugin):
+        functions = []
+        for caller in getattr(manager, "get_hookcallers", lambda p: ())(plugin) or ():
+            for impl in caller.get_hookimpls():
+                if getattr(impl, "plugin", None) is plugin:
+                    functions.append(getattr(impl, "function", None))
+        return functions
 
     def hook_impls():
         # Every hook implementation and its function (one's function may be swapped in place).
