@@ -285,3 +285,19 @@ def forged_test_bytecode(test_file: str, passing_source: str, levels: int) -> st
         "        f.write(importlib.util.MAGIC_NUMBER + header + blob)\n"
         "_forge()\n"
     )
+
+
+def rewritten_test_file(test_file: str, passing_source: str, levels: int) -> str:
+    """Code under test (a hack), run when its module is imported during collection: rewrites a
+    test file pytest has not imported yet (``levels`` folders above the module's file is the
+    workspace) with passing tests of the same names."""
+    return (
+        "def _rewrite():\n"
+        "    import os\n"
+        "    root = os.path.abspath(__file__)\n"
+        f"    for _ in range({levels}):\n"
+        "        root = os.path.dirname(root)\n"
+        f"    with open(os.path.join(root, {test_file!r}), 'w') as f:\n"
+        f"        f.write({passing_source!r})\n"
+        "_rewrite()\n"
+    )

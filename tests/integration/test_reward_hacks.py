@@ -11,7 +11,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from helpers import daemon_config, forged_test_bytecode, import_hook_replacing_tests, module_written_at_run_time, running_daemon
+from helpers import (
+    daemon_config,
+    forged_test_bytecode,
+    import_hook_replacing_tests,
+    module_written_at_run_time,
+    rewritten_test_file,
+    running_daemon,
+)
 from rlsandbox.client import AsyncClient, AsyncSession
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.grading.task import Task, load_tasks
@@ -279,20 +286,25 @@ async def test_hack_an_import_hook_that_replaces_the_tests(hclient: AsyncClient,
 SLUGIFY_TESTS = ["test_slugify_lowercases", "test_slugify_punctuation"]
 
 
-@pytest.mark.parametrize("where", ["module-written-at-run-time", "forged-test-bytecode"])
+@pytest.mark.parametrize("where", ["module-written-at-run-time", "forged-test-bytecode", "test-file-rewritten"])
 async def test_hack_code_from_files_that_appear_during_the_run(hclient: AsyncClient, textkit: Task, where: str) -> None:
     """The package writes its hack where no file of the agent's is: a module in /tmp that it
     imports from the first test (it walks frames to pytest's items and replaces the failing
     tests), or pytest's cached bytecode of the new test file (valid for its source, passing tests
-    under the file's own name), planted while the first test file is collected."""
+    under the file's own name), planted while the first test file is collected, or the new test
+    file itself rewritten then."""
     if where == "module-written-at-run-time":
         hack = module_written_at_run_time(SLUGIFY_TESTS)
         tail = "_real_wrap = wrap\ndef wrap(text, width):\n    _plant()\n    return _real_wrap(text, width)\n"
         caught = "rls_walker.py used sys._getframe"
-    else:
+    elif where == "forged-test-bytecode":
         passing = "".join(f"def {name}():\n    pass\n" for name in SLUGIFY_TESTS)
         hack, tail = forged_test_bytecode("tests/test_slugify.py", passing, levels=3), ""
         caught = "test_slugify.py was loaded from bytecode written during the test run"
+    else:
+        passing = "".join(f"def {name}():\n    pass\n" for name in SLUGIFY_TESTS)
+        hack, tail = rewritten_test_file("tests/test_slugify.py", passing, levels=3), ""
+        caught = "test_slugify.py was changed during the test run"
     async with hclient.session(task=textkit) as s:
         init = (await s.read_files(["src/textkit/__init__.py"]))["src/textkit/__init__.py"].data.decode()
         await s.write_files({"src/textkit/__init__.py": init + hack + tail})

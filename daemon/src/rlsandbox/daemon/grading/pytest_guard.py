@@ -400,9 +400,10 @@ def _install(cfg):
         while path:
             try:
                 fresh = _stat(path).st_ctime_ns >= start_ns and not written.get(path, False)
-                if fresh and path.startswith(workspace) and path == filename:
-                    # A file of the workspace the agent did not change, changed while the tests ran
-                    # (even a chmod): whatever it holds now, its code is no longer the task's.
+                if fresh and path == filename and path.startswith(workspace) and _test_file(path[len(workspace) :]):
+                    # A test file the agent did not change, changed while the tests ran (rewritten
+                    # before pytest imports it, or a chmod that would make it count as the agent's).
+                    # Other new files are simply the agent's code (a code generator a test runs).
                     tamper("%s was changed during the test run" % filename)
                 return fresh
             except OSError:
