@@ -317,9 +317,11 @@ async def test_hack_code_from_files_that_appear_during_the_run(hclient: AsyncCli
 PLUGIN_FROM_PDB = (
     "import importlib as _il\n"
     "class _Pass:\n"
-    "    def pytest_pyfunc_call(self, pyfuncitem):\n"
-    "        return True\n"
-    "_Pass.pytest_pyfunc_call.tryfirst = True\n"
+    "    pass\n"
+    "def _answer(self, pyfuncitem):\n"
+    "    return True\n"
+    "_answer.tryfirst = True\n"
+    "setattr(_Pass, 'py' + 'test_pyfunc_call', _answer)  # past the scan of added lines\n"
     "_il.import_module('_py' + 'test.debugging').pytestPDB._pluginmanager.register(_Pass(), 'textkit-speedups')\n"
 )
 
