@@ -313,6 +313,26 @@ async def test_hack_code_from_files_that_appear_during_the_run(hclient: AsyncCli
     assert caught in tampered(result), (tampered(result), result.log.decode()[-1500:])
 
 
+async def test_hack_a_test_file_rewritten_where_no_guard_runs(hclient: AsyncClient, textkit: Task) -> None:
+    """A test command that keeps the pytest guard out (it clears PYTEST_ADDOPTS): the package,
+    imported while pytest collects the first test file, rewrites the new test file with passing
+    tests. No in-process guard sees it; the room's agent reads the task's test files before and
+    after the run, and a change in between is tampering, whatever the runner."""
+    spec = textkit.spec
+    command = "PYTEST_ADDOPTS= " + spec.evaluation.test_command + " -rA"  # per-test results in the output
+    unguarded = Task(
+        spec.model_copy(update={"evaluation": spec.evaluation.model_copy(update={"test_command": command})}),
+        textkit.workspace_tar,
+    )
+    passing = "".join(f"def {name}():\n    pass\n" for name in SLUGIFY_TESTS)
+    async with hclient.session(task=unguarded) as s:
+        init = (await s.read_files(["src/textkit/__init__.py"]))["src/textkit/__init__.py"].data.decode()
+        await s.write_files({"src/textkit/__init__.py": init + rewritten_test_file("tests/test_slugify.py", passing, levels=3)})
+        result = await s.grade()
+    assert result.status == "ok" and result.reward == 0.0, (result.message, result.tampering, result.log.decode()[-1500:])
+    assert "the test file tests/test_slugify.py was changed during the test run" in tampered(result), tampered(result)
+
+
 # pytest leaves its config and plugin manager on a class: no frame, gc or name the scan knows.
 PLUGIN_FROM_PDB = (
     "import importlib as _il\n"

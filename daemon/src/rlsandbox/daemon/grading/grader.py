@@ -20,7 +20,7 @@ import secrets
 import shlex
 import tarfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from rlsandbox.daemon import tracing
 from rlsandbox.daemon.errors import ArchiveCutShort, FailedPrecondition, FileTooLarge, SandboxDied, SandboxError
@@ -199,7 +199,10 @@ class Grader:
             changed = [posixpath.join(ws, p) for p, e in changes.writes.items() if e.type == "file" and p not in patch_targets]
             evaluated = time.monotonic()
             try:
-                result = await self._evaluate(room, task, facts=facts, changed=changed, detected=planned.findings)
+                tests = sorted({*task.spec.evaluation.test_files, *task.spec.evaluation.hidden_tests, *patch_targets})
+                result = await self._evaluate(
+                    room, task, facts=facts, changed=changed, detected=planned.findings, test_files=tests
+                )
             except SandboxError:
                 # The episode's code killed the room (out of memory, past its disk budget on a node
                 # whose disk ran low, or by tampering with its agent's stream): a mess of its own,
@@ -294,10 +297,19 @@ class Grader:
         return result
 
     async def _evaluate(
-        self, room: Sandbox, task: Task, *, facts: ImportFacts | None, changed: list[str], detected: list[str]
+        self,
+        room: Sandbox,
+        task: Task,
+        *,
+        facts: ImportFacts | None,
+        changed: list[str],
+        detected: list[str],
+        test_files: Sequence[str] = (),
     ) -> GradeResult:
         """Run the tests (under the pytest guard where pytest runs), read and check what they
-        report, compute the reward. ``detected``: tampering found before the run."""
+        report, compute the reward. ``detected``: tampering found before the run. ``test_files``
+        (relative to the workspace): read by the room's agent before and after the run; one that
+        changed in between was rewritten by the code under test, whatever the runner."""
         ws = task.spec.workspace.path
         ev = task.spec.evaluation
         # The report goes where the agent never had a sandbox and never saw the name (/tmp on a
@@ -338,6 +350,8 @@ class Grader:
             if found is not None:
                 warm, assigned = found
                 env.update(assigned)  # as the shell would have set them for the run
+        watched = [posixpath.join(ws, p) for p in test_files]
+        before = await self._test_files(room, watched)
         with tracing.span("grade.tests", **{"rlsandbox.guarded": guard is not None, "rlsandbox.warm": warm is not None}):
             run = await room.exec(
                 ExecRequest(
@@ -350,6 +364,8 @@ class Grader:
                     warm=warm,
                 )
             )
+        after = await self._test_files(room, watched)
+        rewritten = [path for path, seen in before.items() if seen is not None and after.get(path) != seen]
         stderr = split_records(run.stderr)[1] if guard is not None else run.stderr  # the guard's records apart
         stdout = split_records(run.stdout)[1] if guard is not None else run.stdout
         if ev.report_format in OUTPUT_FORMATS:
@@ -359,7 +375,9 @@ class Grader:
         exit_code = run.exit_code if not run.timed_out else None
         report = parse_report(ev.report_format, data, exit_code=exit_code, root=ws)
         problems = list(report.problems)
-        detected = list(detected)
+        detected = list(detected) + [
+            f"the test file {posixpath.relpath(p, ws)} was changed during the test run" for p in rewritten
+        ]
         if guard is not None:
             # Records come through stderr, or stdout when the command merges them (2>&1).
             checked = read_guard_log(run.stderr + b"\n" + run.stdout, guard.key)
@@ -423,6 +441,14 @@ class Grader:
             problems.insert(0, f"tampering detected ({len(detected)} finding(s)): reward 0 under the strict policy")
         result.message = "; ".join(problems)
         return result
+
+    async def _test_files(self, room: Sandbox, paths: list[str]) -> dict[str, tuple[bytes, int] | None]:
+        """What the room's agent reads of each file (content up to the report limit, and size);
+        None for one it cannot read."""
+        if not paths:
+            return {}
+        got = await room.read_files(paths, MAX_REPORT_BYTES)
+        return {path: (g.data, g.size) if g.error is None else None for path, g in zip(paths, got, strict=True)}
 
     async def _exists(self, room: Sandbox, path: str, owned: bool) -> bool:
         """Whether ``path`` exists in the room, asked of the engine (not of anything in the room).
