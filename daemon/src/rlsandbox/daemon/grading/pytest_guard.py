@@ -603,8 +603,10 @@ def _install(cfg):
         # A library's class losing a method to the agent's code (``difflib.SequenceMatcher.ratio``),
         # or a module given a class of the agent's (whose __getattribute__ answers for it).
         if name == "__class__" and not _issubclass(_type(target), _module_type):
-            # One of the runner's objects (a test item, a report) given a class of the agent's.
-            if not origin(_type(target)).startswith(runner_root):
+            # One of the runner's objects (a test item, a report) given a class of the agent's; a
+            # library's objects are the agent's to subclass.
+            name = _module_of(_type(target))
+            if _type(name) is not _str or not name.startswith(("_pytest.", "pytest", "pluggy")):
                 return
             filename = None
             what = "the class of pytest's %s" % _type(target).__name__
