@@ -441,7 +441,10 @@ def test_guard_leaves_ordinary_code_and_the_tests_own_patches_alone(tmp_path: Pa
     log = read_guard_log(proc.stderr, setup.key)
     assert log.started and log.ended, proc.stdout.decode()[-2000:]
     assert not log.tampering, log.tampering
-    assert len(log.tests) == 9 and all(o is Outcome.PASSED for o in log.tests.values()), (log.tests, proc.stdout.decode()[-2000:])
+    assert len(log.tests) == 10 and all(o is Outcome.PASSED for o in log.tests.values()), (
+        log.tests,
+        proc.stdout.decode()[-2000:],
+    )
 
 
 # -- shadowing ------------------------------------------------------------------------------------

@@ -134,6 +134,15 @@ _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, n
 # What a module's attributes are watched for: the functions and classes the tests call.
 _WATCHED = frozenset((types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial))
 _METHODS = _WATCHED | frozenset((classmethod, staticmethod, property))
+# Attributes the standard library documents as the application's to set (directly, or through its
+# own setter: logging.setLoggerClass, setLogRecordFactory): code under test may, and no test's
+# verdict comes from them.
+_SETTABLE = {
+    "sys": frozenset(("excepthook", "displayhook", "unraisablehook", "breakpointhook")),
+    "threading": frozenset(("excepthook",)),
+    "warnings": frozenset(("showwarning", "formatwarning")),
+    "logging": frozenset(("_loggerClass", "_logRecordFactory")),
+}
 
 
 def _test_file(relative):
@@ -526,8 +535,9 @@ def _install(cfg):
         test = _type(filename) is _str and filename.startswith(workspace) and _test_file(filename[len(workspace) :])
         name = namespace.get("__name__")
         members = {"__getattr__": None}  # a module-level __getattr__ added later answers for what is removed
+        settable = _SETTABLE.get(name, ()) if _type(name) is _str else ()
         for key_, value in list(namespace.items()):
-            if _type(key_) is not _str:
+            if _type(key_) is not _str or key_ in settable:
                 continue
             if _type(value) in _WATCHED:
                 members[key_] = value
