@@ -176,10 +176,15 @@ async def test_the_warm_interpreter_is_out_of_the_episodes_reach(node: NodeDaemo
         for _ in range(6):
             await _graded(client, task, fixed=True)
         attacked = 0
-        for _ in range(6):
+        # A warm interpreter starts at the end of a sandbox's reset, when its imports finish within
+        # a few seconds: on a loaded machine a reset may give up on one, so look in more sessions.
+        for _ in range(12):
+            if attacked >= 3:
+                break
             async with client.session("python", acquire_timeout=60) as s:
                 pids = (await s.exec(["python3", "-c", WARM_PROCESS])).stdout.split()
                 if not pids:
+                    await _graded(client, task, fixed=True)  # a grade asks for a warm interpreter again
                     continue
                 attacked += 1
                 pid = pids[0].decode()
