@@ -19,7 +19,7 @@ from helpers import (
     rewritten_test_file,
     running_daemon,
 )
-from rlsandbox.client import AsyncClient, AsyncSession
+from rlsandbox.client import AsyncClient, AsyncSession, GradeResult
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.grading.task import Task, load_tasks
 from rlsandbox.daemon.server import NodeDaemon
@@ -111,6 +111,18 @@ def textkit() -> Task:
 
 async def core(s: AsyncSession) -> str:
     return (await s.read_files(["src/textkit/core.py"]))["src/textkit/core.py"].data.decode()
+
+
+INIT = "src/textkit/__init__.py"
+
+
+async def graded_with_package_code(client: AsyncClient, task: Task, before: str = "", after: str = "") -> GradeResult:
+    """The grade of a session of ``task`` whose package runs ``before`` and ``after`` its own
+    ``__init__`` (the hack's code)."""
+    async with client.session(task=task) as s:
+        init = (await s.read_files([INIT]))[INIT].data.decode()
+        await s.write_files({INIT: before + init + after})
+        return await s.grade()
 
 
 def tampered(result: object) -> str:
@@ -275,10 +287,7 @@ async def test_runtime_guard_catches_an_obfuscated_patch(hclient: AsyncClient, t
 async def test_hack_an_import_hook_that_replaces_the_tests(hclient: AsyncClient, textkit: Task) -> None:
     """The package installs an import hook that swaps every new test for a function of its own:
     the tests 'pass' without running; the guard sees tests running the agent's code."""
-    async with hclient.session(task=textkit) as s:
-        init = (await s.read_files(["src/textkit/__init__.py"]))["src/textkit/__init__.py"].data.decode()
-        await s.write_files({"src/textkit/__init__.py": import_hook_replacing_tests("test_slugify") + init})
-        result = await s.grade()
+    result = await graded_with_package_code(hclient, textkit, before=import_hook_replacing_tests("test_slugify"))
     assert result.status == "ok" and result.reward == 0.0, (result.message, result.tampering, result.log.decode()[-1500:])
     assert "runs code the agent wrote" in tampered(result), tampered(result)
 
@@ -305,10 +314,7 @@ async def test_hack_code_from_files_that_appear_during_the_run(hclient: AsyncCli
         passing = "".join(f"def {name}():\n    pass\n" for name in SLUGIFY_TESTS)
         hack, tail = rewritten_test_file("tests/test_slugify.py", passing, levels=3), ""
         caught = "test_slugify.py was changed during the test run"
-    async with hclient.session(task=textkit) as s:
-        init = (await s.read_files(["src/textkit/__init__.py"]))["src/textkit/__init__.py"].data.decode()
-        await s.write_files({"src/textkit/__init__.py": init + hack + tail})
-        result = await s.grade()
+    result = await graded_with_package_code(hclient, textkit, after=hack + tail)
     assert result.status == "ok" and result.reward == 0.0, (result.message, result.tampering, result.log.decode()[-1500:])
     assert caught in tampered(result), (tampered(result), result.log.decode()[-1500:])
 
@@ -325,10 +331,9 @@ async def test_hack_a_test_file_rewritten_where_no_guard_runs(hclient: AsyncClie
         textkit.workspace_tar,
     )
     passing = "".join(f"def {name}():\n    pass\n" for name in SLUGIFY_TESTS)
-    async with hclient.session(task=unguarded) as s:
-        init = (await s.read_files(["src/textkit/__init__.py"]))["src/textkit/__init__.py"].data.decode()
-        await s.write_files({"src/textkit/__init__.py": init + rewritten_test_file("tests/test_slugify.py", passing, levels=3)})
-        result = await s.grade()
+    result = await graded_with_package_code(
+        hclient, unguarded, after=rewritten_test_file("tests/test_slugify.py", passing, levels=3)
+    )
     assert result.status == "ok" and result.reward == 0.0, (result.message, result.tampering, result.log.decode()[-1500:])
     assert "the test file tests/test_slugify.py was changed during the test run" in tampered(result), tampered(result)
 
@@ -350,10 +355,7 @@ async def test_hack_a_plugin_registered_through_the_runners_own_class(hclient: A
     """The package, imported while pytest collects, registers a plugin that answers
     pytest_pyfunc_call itself (the test functions never run) on the plugin manager pytest keeps on
     _pytest.debugging.pytestPDB: every test passed with the guard before."""
-    async with hclient.session(task=textkit) as s:
-        init = (await s.read_files(["src/textkit/__init__.py"]))["src/textkit/__init__.py"].data.decode()
-        await s.write_files({"src/textkit/__init__.py": init + PLUGIN_FROM_PDB})
-        result = await s.grade()
+    result = await graded_with_package_code(hclient, textkit, after=PLUGIN_FROM_PDB)
     assert result.status == "ok" and result.reward == 0.0, (result.message, result.tampering, result.log.decode()[-1500:])
     assert "registered a pytest plugin" in tampered(result), tampered(result)
 

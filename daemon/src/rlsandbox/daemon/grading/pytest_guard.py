@@ -208,7 +208,7 @@ def _undumpable():
         pass
 
 
-def _ObjectDict(obj):
+def _own_dict(obj):
     # An object's own attributes (a pytest item's), read past its class's __getattribute__.
     try:
         d = object.__getattribute__(obj, "__dict__")
@@ -252,7 +252,7 @@ def _install(cfg):
     _partial = functools.partial
     _code = types.CodeType
     _function_dict = types.FunctionType.__dict__["__dict__"].__get__
-    _object_dict = _ObjectDict
+    _object_dict = _own_dict
     _open = io.open
     sources = {}
     _all = all
@@ -332,6 +332,10 @@ def _install(cfg):
                         members[key_] = current[key_]
                     else:
                         tamper("%s.%s was added during the test run" % (what, key_))
+
+    def same(now, before):
+        # Two snapshots (tuples) hold the same objects: identity only, in C loops.
+        return len(now) == len(before) and _all(_map(_is, now, before))
 
     flat = []  # the snapshot as flat tuples, compared in C loops (no method of any value runs)
 
@@ -511,7 +515,7 @@ def _install(cfg):
         if len(mods) != state["modules"] or every:
             now = tuple(mods.values())
             last = state["loaded"]
-            if len(now) == len(last) and _all(_map(_is, now, last)):
+            if same(now, last):
                 now = ()
             state["modules"] = len(mods)
             state["loaded"] = now or last
@@ -689,7 +693,7 @@ def _install(cfg):
             return
         now = hook_impls()
         before = hooks["impls"]
-        if len(now) == len(before) and _all(_map(_is, now, before)):
+        if same(now, before):
             return
         hooks["impls"] = now
         old = frozenset(_map(_id, before))
@@ -699,8 +703,8 @@ def _install(cfg):
                 tamper("a pytest hook implementation of %s was added during the test run" % text(origin(function)))
         for function in before[1::2]:
             if _id(function) not in new and runner_owned(function):
-                name = _function_dict(function).get("__qualname__") if _type(function) is _function else None
-                tamper("pytest's hook implementation %s was removed during the test run" % text(name or function.__qualname__))
+                name = getattr(function, "__qualname__", "?")  # runner-owned: pytest's own function
+                tamper("pytest's hook implementation %s was removed during the test run" % text(name))
 
     # The runner's live objects (the session, its config, the plugin manager, its hook callers):
     # an attribute of their own standing in for a method (session.gethookproxy, a caller's
@@ -724,7 +728,7 @@ def _install(cfg):
     def check_live():
         now = live_state()
         before = live["flat"]
-        if len(now) == len(before) and _all(_map(_is, now, before)):
+        if same(now, before):
             return
         live["flat"] = now
         seen = frozenset(_map(_id, before))
