@@ -351,7 +351,7 @@ class Grader:
                 warm, assigned = found
                 env.update(assigned)  # as the shell would have set them for the run
         watched = [posixpath.join(ws, p) for p in test_files]
-        before = await self._test_files(room, watched)
+        before = await self._test_files(room, watched, MAX_REPORT_BYTES)
         with tracing.span("grade.tests", **{"rlsandbox.guarded": guard is not None, "rlsandbox.warm": warm is not None}):
             run = await room.exec(
                 ExecRequest(
@@ -364,7 +364,10 @@ class Grader:
                     warm=warm,
                 )
             )
-        after = await self._test_files(room, watched)
+        # Read back no more than the largest of them was: what the run put there is not the task's,
+        # and a changed size is a change already.
+        largest = max((seen[1] for seen in before.values() if seen is not None), default=0)
+        after = await self._test_files(room, watched, largest + 1)
         # Changed, not gone: a task's own command may move its tests away (Harbor's verifier does).
         rewritten = [path for path, seen in before.items() if seen is not None and after.get(path) not in (seen, None)]
         stderr = split_records(run.stderr)[1] if guard is not None else run.stderr  # the guard's records apart
@@ -443,12 +446,12 @@ class Grader:
         result.message = "; ".join(problems)
         return result
 
-    async def _test_files(self, room: Sandbox, paths: list[str]) -> dict[str, tuple[bytes, int] | None]:
-        """What the room's agent reads of each file (content up to the report limit, and size);
-        None for one it cannot read."""
+    async def _test_files(self, room: Sandbox, paths: list[str], cap: int) -> dict[str, tuple[bytes, int] | None]:
+        """What the room's agent reads of each file (content up to ``cap`` bytes, and size); None
+        for one it cannot read."""
         if not paths:
             return {}
-        got = await room.read_files(paths, MAX_REPORT_BYTES)
+        got = await room.read_files(paths, cap)
         return {path: (g.data, g.size) if g.error is None else None for path, g in zip(paths, got, strict=True)}
 
     async def _exists(self, room: Sandbox, path: str, owned: bool) -> bool:
