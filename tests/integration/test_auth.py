@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2_grpc
 from helpers import daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, Client, TransportSecurityError, UnauthenticatedError, UnavailableError
 from rlsandbox.daemon.config import PoolConfig
@@ -79,10 +79,10 @@ async def test_the_health_service_answers_probes_without_a_token(secure_daemon: 
             reply = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
         reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
-        with pytest.raises(grpc.aio.AioRpcError) as denied:
-            async for _ in reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])):
-                pass
-        assert denied.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # The refusal comes from the call's metadata alone: no request is written, so the test does
+        # not race the client's request stream against the server's refusal (INTERNAL, once in CI).
+        call = reflection.ServerReflectionInfo(timeout=10)
+        assert await call.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 async def test_plaintext_to_the_tls_listener_fails(secure_daemon: NodeDaemon) -> None:
