@@ -20,7 +20,7 @@ from helpers import (
 )
 from hypothesis import given
 from hypothesis import strategies as st
-from rlsandbox.daemon.grading.guard import GUARD_SOURCE, guard_setup, read_guard_log
+from rlsandbox.daemon.grading.guard import GUARD_SOURCE, GuardLog, guard_setup, read_guard_log
 from rlsandbox.daemon.grading.patches import PatchError, apply_patch, parse_patch, patch_paths, reverse_patch
 from rlsandbox.daemon.grading.reports import Outcome
 from rlsandbox.daemon.grading.scan import scan
@@ -392,30 +392,42 @@ def test_guard_catches_code_under_test_replacing_the_tests(tmp_path: Path, evil:
     test whose function comes from the agent's files (an import hook) is tampering, and so is a
     write by the agent's code into a test file's module (a helper replaced by ``print``). Each
     made ``test_bad`` pass before."""
+    log, out = run_guarded(
+        tmp_path,
+        evil,
+        {
+            "test_x.py": "import evil\n\ndef test_first():\n    evil.swap()\n",
+            "tests/helpers.py": "def check(x):\n    assert x\n",
+            "test_y.py": "from tests import helpers\n\ndef test_ok():\n    helpers.check(1)\n"
+            "\ndef test_bad():\n    helpers.check(0)\n"
+            "\ndef test_bad_math():\n    import math\n    assert math.isclose(1, 2)\n"
+            "\ndef test_bad_ratio():\n    import difflib\n    assert difflib.SequenceMatcher(None, 'ab', 'xy').ratio() == 1.0\n",
+        },
+    )
+    assert any(caught in t for t in log.tampering), (log.tampering, out)
+
+
+def run_guarded(tmp_path: Path, evil: str, files: dict[str, str]) -> tuple[GuardLog, str]:
+    """pytest on a workspace whose ``evil.py`` is the agent's (the files it changed), under the
+    guard: its log, which must have started and ended, and pytest's output."""
     setup = guard_setup(str(tmp_path))
     (tmp_path / f"{setup.module}.py").write_bytes(GUARD_SOURCE)
     ws = tmp_path / "ws"
     ws.mkdir()
     (tmp_path / "guard.json").write_bytes(setup.config(str(ws), [str(ws / "evil.py")]))
     (ws / "evil.py").write_text(evil)
-    (ws / "test_x.py").write_text("import evil\n\ndef test_first():\n    evil.swap()\n")
-    (ws / "tests").mkdir()
-    (ws / "tests" / "helpers.py").write_text("def check(x):\n    assert x\n")
-    (ws / "test_y.py").write_text(
-        "from tests import helpers\n\ndef test_ok():\n    helpers.check(1)\n\ndef test_bad():\n    helpers.check(0)\n"
-        "\ndef test_bad_math():\n    import math\n    assert math.isclose(1, 2)\n"
-        "\ndef test_bad_ratio():\n    import difflib\n    assert difflib.SequenceMatcher(None, 'ab', 'xy').ratio() == 1.0\n"
-    )
-    env = {**setup.env({}), "PYTHONPATH": f"{tmp_path}:{ws}", "PATH": "/usr/bin:/bin"}
+    for name, text in files.items():
+        (ws / name).parent.mkdir(parents=True, exist_ok=True)
+        (ws / name).write_text(text)
+    env = {**setup.env({}), "PYTHONPATH": f"{tmp_path}:{ws}", "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+    tests = sorted(n for n in files if n.startswith("test_"))
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_x.py", "test_y.py"],
-        cwd=ws,
-        env=env,
-        capture_output=True,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=ws, env=env, capture_output=True
     )
     log = read_guard_log(proc.stderr, setup.key)
-    assert log.started and log.ended, proc.stdout.decode()[-2000:]
-    assert any(caught in t for t in log.tampering), (log.tampering, proc.stdout.decode()[-2000:])
+    out = proc.stdout.decode()[-2000:]
+    assert log.started and log.ended, out
+    return log, out
 
 
 # What correct code and ordinary tests do, which the guard must leave alone.
@@ -427,24 +439,71 @@ def test_guard_leaves_ordinary_code_and_the_tests_own_patches_alone(tmp_path: Pa
     frame), lazy imports; the tests monkeypatch and mock.patch libraries and their classes, write
     a module at run time and import it, reload a module, patch sys.modules, run a subprocess: no
     tampering, and every test keeps its outcome."""
-    setup = guard_setup(str(tmp_path))
-    (tmp_path / f"{setup.module}.py").write_bytes(GUARD_SOURCE)
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (tmp_path / "guard.json").write_bytes(setup.config(str(ws), [str(ws / "evil.py")]))
-    (ws / "evil.py").write_text((GUARD_FIXTURES / "legit_package.py").read_text())
-    (ws / "test_z.py").write_text((GUARD_FIXTURES / "legit_tests.py").read_text())
-    env = {**setup.env({}), "PYTHONPATH": f"{tmp_path}:{ws}", "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_z.py"], cwd=ws, env=env, capture_output=True
-    )
-    log = read_guard_log(proc.stderr, setup.key)
-    assert log.started and log.ended, proc.stdout.decode()[-2000:]
+    package, tests = (GUARD_FIXTURES / "legit_package.py").read_text(), (GUARD_FIXTURES / "legit_tests.py").read_text()
+    log, out = run_guarded(tmp_path, package, {"test_z.py": tests})
     assert not log.tampering, log.tampering
-    assert len(log.tests) == 10 and all(o is Outcome.PASSED for o in log.tests.values()), (
-        log.tests,
-        proc.stdout.decode()[-2000:],
-    )
+    assert len(log.tests) == 11 and all(o is Outcome.PASSED for o in log.tests.values()), (log.tests, out)
+
+
+# Results that equal anything: the function under test returns an object whose comparison says
+# yes to whatever the test expects. Each made ``assert evil.add(1, 2) == 3`` pass.
+_ANSWER = "def add(a, b):\n    return E(0)\n"
+ALWAYS_EQUAL = "class E(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n" + _ANSWER
+EQUAL_CLASS_IN_A_FUNCTION = (
+    "def add(a, b):\n    class E(int):\n        __eq__ = lambda self, other: True\n        __hash__ = int.__hash__\n"
+    "    return E(0)\n"
+)
+EQUAL_CLASS_BY_TYPE = "def add(a, b):\n    return type('E', (int,), {'__eq__': lambda s, o: True, '__hash__': int.__hash__})(0)\n"
+EQUAL_CLASS_FROM_A_STRING = (
+    "ns = {}\nexec('class E(int):\\n    __eq__ = lambda s, o: True\\n    __hash__ = int.__hash__\\n', ns)\n"
+    "E = ns['E']\n" + _ANSWER
+)
+EQUAL_BY_MOCKS_ANY = "from unittest import mock\nclass E(type(mock.ANY)):\n    pass\ndef add(a, b):\n    return E()\n"
+EQUAL_ADDED_TO_A_LIBRARY_CLASS = (
+    "import difflib\ndef add(a, b):\n    difflib.Match.__eq__ = lambda s, o: True\n    return difflib.Match(0, 0, 0)\n"
+)
+EQUAL_PUT_BACK_AFTER_USE = (
+    "class E(int):\n    def __eq__(self, other):\n        type(self).__eq__ = int.__eq__\n        return True\n"
+    "    __hash__ = int.__hash__\n" + _ANSWER
+)
+CONTAINS_ANYTHING = "class E(list):\n    def __contains__(self, item):\n        return True\ndef add(a, b):\n    return E()\n"
+
+
+@pytest.mark.parametrize(
+    ("evil", "caught"),
+    [
+        (ALWAYS_EQUAL, "evil.E (%s) equals anything"),
+        (EQUAL_CLASS_IN_A_FUNCTION, "evil.add.<locals>.E (%s) equals anything"),
+        (EQUAL_CLASS_BY_TYPE, "evil.E (%s) equals anything"),
+        (EQUAL_CLASS_FROM_A_STRING, "builtins.E (%s) equals anything"),
+        (EQUAL_BY_MOCKS_ANY, "evil.E (%s) equals anything"),
+        (EQUAL_ADDED_TO_A_LIBRARY_CLASS, "difflib.Match.__eq__ was replaced by code of %s"),
+        (EQUAL_PUT_BACK_AFTER_USE, "evil.E (%s) equals anything"),
+        (CONTAINS_ANYTHING, "evil.E (%s) contains anything"),
+    ],
+    ids=[
+        "always-equal",
+        "class-in-a-function",
+        "class-by-type",
+        "class-from-a-string",
+        "mocks-any",
+        "library-class-given-eq",
+        "put-back-after-use",
+        "contains-anything",
+    ],
+)
+def test_guard_catches_results_that_equal_anything(tmp_path: Path, evil: str, caught: str) -> None:
+    """The agent's classes are probed with an object of theirs against strangers (a bare object,
+    a random number and string): no correct object equals or contains one."""
+    tests = {"test_y.py": "import evil\n\ndef test_add():\n    assert evil.add(1, 2) == 3\n"}
+    if "__contains__" in evil:
+        tests = {"test_y.py": "import evil\n\ndef test_add():\n    assert 3 in evil.add(1, 2)\n"}
+    elif "difflib" in evil:
+        tests = {"test_y.py": "import evil\n\ndef test_add():\n    assert evil.add(1, 2) == (1, 2, 3)\n"}
+    log, out = run_guarded(tmp_path, evil, tests)
+    if evil is not EQUAL_PUT_BACK_AFTER_USE:  # (the probe was its one use)
+        assert list(log.tests.values()) == [Outcome.PASSED], (log.tests, out)  # the test itself passes: it paid before
+    assert any(caught.replace("%s", str(tmp_path / "ws" / "evil.py")) in t for t in log.tampering), log.tampering
 
 
 # -- shadowing ------------------------------------------------------------------------------------
@@ -514,6 +573,14 @@ def test_scan_flags_only_added_lines() -> None:
     assert [f.split(":")[1] for f in found] == ["3", "4"]
     assert scan("pkg/mod.py", None, b"import pytest\n") == []
     assert scan("data.bin", None, b"_pytest") == []
+
+
+def test_scan_flags_values_that_equal_anything_in_code_under_test_only() -> None:
+    """``return mock.ANY`` makes ``assert f() == 6`` pass through a library's object, which the
+    guard's probe of the agent's classes does not see; tests use it legitimately."""
+    lines = b"from unittest.mock import ANY\nx = mock . ANY\nfrom mock import call, ANY\nANYTHING = 1\n"
+    assert [f.split(":")[1] for f in scan("src/pkg/core.py", None, lines)] == ["1", "2", "3"]
+    assert scan("tests/test_core.py", None, lines) == [] and scan("pkg/tests/helpers.py", None, lines) == []
 
 
 def test_test_folders_grow_from_listed_files() -> None:

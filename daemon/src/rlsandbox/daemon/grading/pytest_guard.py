@@ -130,7 +130,11 @@ _TEST_DIRS = frozenset(("test", "tests", "testing"))
 _FORGED = "<a file name that is not a str>"
 _MISSING = object()
 _CHECK_EVERY = 0.05  # seconds between two comparisons of every watched module
+# What a class answers a comparison with (and its bases, which decide which one answers).
+_COMPARISONS = frozenset(("__eq__", "__ne__", "__contains__", "__bases__"))
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not by C code
+# The built-in types a stand-in answer is made from (a str that equals anything).
+_PLAIN_BASES = (object, int, str, float, bytes, list, dict, tuple, set, frozenset, complex)
 # What a module's attributes are watched for: the functions and classes the tests call.
 _WATCHED = frozenset((types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial))
 _METHODS = _WATCHED | frozenset((classmethod, staticmethod, property))
@@ -193,6 +197,24 @@ def _snapshot():
                     functions.add(id(value))
         modules[name] = (mod, members)
     return modules, classes, functions
+
+
+def _watch_class_statements():
+    # Every class statement from now on is shown to the guard, which probes the agent's classes
+    # for comparisons no correct class makes. In builtins before the snapshot: replacing it again
+    # is a replaced builtin. Classes made by calling type() are found at the end instead.
+    import builtins
+
+    build = builtins.__build_class__
+    audit = sys.audit
+    event = _NAME + ".class"
+
+    def __build_class__(func, name, *bases, **kwds):
+        cls = build(func, name, *bases, **kwds)
+        audit(event, cls, func)
+        return cls
+
+    builtins.__build_class__ = __build_class__
 
 
 def _undumpable():
@@ -273,6 +295,7 @@ def _install(cfg):
     _monotonic = time.monotonic
     fd = os.dup(2)  # pytest's capture replaces fd 2 during tests; this copy stays on the pipe
     _undumpable()
+    _watch_class_statements()
     modules, classes, functions = _snapshot()
     # Each class's own dict, not its read-only view: the view's get is a method call per key.
     classes = [(cls, members, _real_dict(cls)) for cls, members in classes]
@@ -384,10 +407,10 @@ def _install(cfg):
     def file_of(frame):
         return file_of_code(frame.f_code)
 
-    def culprit():
+    def culprit(depth=2):
         """The file of the nearest frame that raised the event, past the stdlib's frame helpers
         and past code compiled from a string (``<string>``), which is its executor's doing."""
-        frame = _getframe(2)
+        frame = _getframe(depth)
         while frame is not None:
             filename = file_of(frame)
             executed = filename[:1] == "<" and filename is not _FORGED and not filename.startswith("<frozen")
@@ -550,6 +573,10 @@ def _install(cfg):
                 if _type(name) is _str and type.__dict__["__flags__"].__get__(value) & _HEAP_TYPE and _module_of(value) == name:
                     # a class defined here: its methods are compared at the end of the run
                     methods = {k: v for k, v in _type_dict(value).items() if _type(k) is _str and _type(v) in _METHODS}
+                    own = _type_dict(value)
+                    for k in ("__eq__", "__ne__", "__contains__"):
+                        if k not in own:
+                            methods[k] = None  # a comparison added later answers for the class's objects
                     watched_classes.append([value, _type_dict(value), methods, False, None, None, None])
         watched[_id(mod)] = [mod, namespace, members, test, None, None, name if _type(name) is _str else None]
         if _type(filename) is _str:
@@ -628,8 +655,17 @@ def _install(cfg):
             filename = _module_dict(target).get("__file__")
             what = "the class of the module %s" % text(_module_dict(target).get("__name__"))
         else:
-            if not _issubclass(_type(target), type) or _type(_type_dict(target).get(name)) not in _WATCHED:
+            mine = _issubclass(_type(target), type) and (_id(target) in agent_classes or made_by_agent(target))
+            if name in _COMPARISONS and mine:
+                # The agent's class given another comparison: as it compares before the write
+                # (a stand-in put back once the test that used it has passed).
+                agent_classes[_id(target)] = target
+                probe_classes((target,))
                 return
+            if not _issubclass(_type(target), type) or (
+                _type(_type_dict(target).get(name)) not in _WATCHED and name not in _COMPARISONS
+            ):
+                return  # a library class's comparison is watched even where it had none of its own
             filename = origin(target)
             what = "%s.%s" % (text(_module_of(target)), name)
         if _type(filename) is _str and agent_code(filename):
@@ -850,6 +886,12 @@ def _install(cfg):
         if _type(nodeid) is _str:
             emit("raw", nodeid, call.when, raw)
             if call.when == "call":
+                new_classes()
+            if unprobed:  # the agent's classes made since the last phase, while a test runs
+                batch = unprobed[:]
+                del unprobed[:]
+                probe_classes(batch)
+            if call.when == "call":
                 check_test_function(item, nodeid)
                 check_live()
                 watch_modules(every=True)
@@ -909,6 +951,136 @@ def _install(cfg):
         line = code.co_firstlineno
         return 0 < line <= len(lines) and lines[line - 1].lstrip().startswith(b"@")
 
+    # Objects that compare equal to anything (``assert f() == 6`` passes with no runner touched):
+    # every class the agent's code makes is probed with an object of it (made without running its
+    # __init__) against strangers no correct object equals (a bare object, a random number, a
+    # random string), once during the tests and again at the end; a class whose comparison the
+    # agent's code rewrites is probed before the write. Classes made by type() are found at the end.
+    agent_classes = {}  # id -> class, kept alive until the end
+    class_files = {}  # id -> the file whose code made it
+    unprobed = []
+    _mro_of = type.__dict__["__mro__"].__get__
+    _flags_of = type.__dict__["__flags__"].__get__
+    _subclasses = type.__dict__["__subclasses__"]
+    _truth = operator.truth
+    _new_object = object.__new__
+
+    def class_of_agent(filename):
+        # Where the agent's hand is certain: with no list of changed files, every workspace file
+        # counts as the agent's for the other checks, the tests' own helper classes too.
+        return _type(filename) is _str and agent_code(filename) and (bool(changed) or not filename.startswith(workspace))
+
+    def on_class(cls, body):
+        if not _issubclass(_type(cls), type) or _id(cls) in agent_classes:
+            return
+        where = file_of_code(body.__code__) if _type(body) is _function else ""
+        if where[:1] == "<" and where is not _FORGED:
+            where = culprit(4)  # a class statement in code compiled from a string: its executor's
+        if class_of_agent(where):
+            agent_classes[_id(cls)] = cls
+            class_files[_id(cls)] = where
+            probe_classes((cls,))  # as it is made (one that puts itself back after use is caught here)
+            unprobed.append(cls)  # and once a test runs: decorators and later writes may change it
+
+    def made_by_agent(cls):
+        # The file of the agent's that made the class (its functions' or its module's), or None.
+        where = origin(cls)
+        if where[:1] != "<" and class_of_agent(where):
+            class_files[_id(cls)] = where
+            return where
+        name = _module_of(cls)
+        mod = sys.modules.get(name) if _type(name) is _str else None
+        filename = _module_dict(mod).get("__file__") if _issubclass(_type(mod), _module_type) else None
+        if class_of_agent(filename):
+            class_files[_id(cls)] = filename
+            return filename
+        return None
+
+    def find_agent_classes():
+        # Every class alive, through the subclass lists (~1.5 ms for 1,500 classes): once, at the end.
+        todo = [object]
+        seen = set()
+        while todo:
+            try:
+                subs = _subclasses(todo.pop())
+            except TypeError:
+                continue
+            for cls in subs:
+                if _id(cls) not in seen:
+                    seen.add(_id(cls))
+                    todo.append(cls)
+                    if _id(cls) not in agent_classes and _flags_of(cls) & _HEAP_TYPE and made_by_agent(cls):
+                        agent_classes[_id(cls)] = cls
+
+    examined = set()
+    base_sizes = {}
+
+    def new_classes():
+        # Classes made by calling type() in a test (gone by the end): the direct subclasses of the
+        # built-in types a stand-in answer is made of, looked at when their number changes.
+        for base in _PLAIN_BASES:
+            subs = _subclasses(base)
+            if base_sizes.get(base) == _len(subs):
+                continue
+            base_sizes[base] = _len(subs)
+            for cls in subs:
+                if _id(cls) not in examined:
+                    examined.add(_id(cls))
+                    if _id(cls) not in agent_classes and _flags_of(cls) & _HEAP_TYPE and made_by_agent(cls):
+                        agent_classes[_id(cls)] = cls
+                        unprobed.append(cls)
+
+    def specimen(cls):
+        # An object of the class made by its first built-in base (0 for an int subclass, {} for a
+        # dict subclass): none of the agent's code runs to make it.
+        for base in _mro_of(cls):
+            if not _flags_of(base) & _HEAP_TYPE:
+                return (_new_object if base is object else base.__new__)(cls)
+        raise TypeError
+
+    def probe(cls):
+        """What no correct object does: equal, or contain, a stranger; or not differ from one."""
+        n = int.from_bytes(os.urandom(8), "big")
+        strangers = (object(), n | 1 << 80, "%x" % n)
+        try:
+            subject = specimen(cls)
+            tests = ((operator.eq, True), (operator.ne, False), (operator.contains, True))
+        except Exception:
+            # No object of it can be made that way (an abstract class): its own functions, on a stranger.
+            subject = object()
+            tests = []
+            for base in _mro_of(cls):
+                if _flags_of(base) & _HEAP_TYPE:
+                    own = _type_dict(base)
+                    for dunder, bad in (("__eq__", True), ("__ne__", False), ("__contains__", True)):
+                        if _type(own.get(dunder)) is _function:
+                            tests.append((own[dunder], bad))
+        for compare, bad in tests:
+            for stranger in strangers:
+                state["busy"] = False  # the agent's code runs: watched like anywhere else
+                try:
+                    result = compare(subject, stranger)
+                    if result is NotImplemented:
+                        continue
+                    if _truth(result) is bad:
+                        return compare
+                except Exception:
+                    pass
+                finally:
+                    state["busy"] = True
+        return None
+
+    def probe_classes(classes):
+        for cls in classes:
+            found = probe(cls)
+            if found is not None:
+                name = getattr(found, "__name__", "?")
+                what = {"eq": "equals", "ne": "never differs from", "contains": "contains"}.get(name, name)
+                tamper(
+                    "an object of %s.%s (%s) %s anything: a result no test can check"
+                    % (text(_module_of(cls)), text(_qualname_of(cls)), text(class_files.get(_id(cls), origin(cls))), what)
+                )
+
     def on_event(event, args):
         if state["busy"]:
             return
@@ -920,6 +1092,8 @@ def _install(cfg):
                 on_raw(args[0], args[1])
             elif event == "import":
                 watch_modules()
+            elif event == _NAME + ".class":
+                on_class(args[0], args[1])
             elif event == _NAME + ".collected":
                 watch_modules(every=True)
                 watch_live(args[0])
@@ -928,6 +1102,8 @@ def _install(cfg):
             elif event == _NAME + ".set":
                 on_module_write(args[0], args[1], args[2])
             elif event == _NAME + ".end":
+                find_agent_classes()
+                probe_classes(list(agent_classes.values()))
                 verify()
                 watch_modules(every=True)
                 check_modules(final=True)
