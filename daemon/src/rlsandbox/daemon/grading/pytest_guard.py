@@ -132,6 +132,9 @@ _MISSING = object()
 _CHECK_EVERY = 0.05  # seconds between two comparisons of every watched module
 # What a class answers a comparison with (and its bases, which decide which one answers).
 _COMPARISONS = frozenset(("__eq__", "__ne__", "__contains__", "__bases__"))
+# What is probed, and the answer no correct object gives a stranger. Not __ne__: "not
+# self.__eq__(other)" says no to every stranger whose comparison is NotImplemented (pandas' dtypes).
+_PROBED = (("__eq__", True), ("__contains__", True))
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not by C code
 # The built-in types a stand-in answer is made from (a str that equals anything).
 _PLAIN_BASES = (object, int, str, float, bytes, list, dict, tuple, set, frozenset, complex)
@@ -215,6 +218,30 @@ def _watch_class_statements():
         return cls
 
     builtins.__build_class__ = __build_class__
+
+
+def _answering(fn, bad, dunder):
+    # In place of a comparison of the agent's: the answer no correct object gives to every
+    # question (True from __eq__) is shown to the guard with the object and the function.
+    audit = sys.audit
+    event = _NAME + ".compared"
+    truth = operator.truth
+    contains = dunder == "__contains__"
+
+    def answer(self, other):
+        result = fn(self, other)
+        # A plain answer only: comparisons that build something (an array, a query's expression,
+        # numpy's masked constant, falsy) are the library's way, not a yes to everything.
+        kind = type(result)
+        if (kind is bool or kind is int or (contains and result is not NotImplemented)) and truth(result) is bad:
+            audit(event, self, fn, bad, dunder)
+        return result
+
+    functools.update_wrapper(answer, fn)
+    return answer
+
+
+_ANSWER_CODE = _answering(len, True, "").__code__
 
 
 def _undumpable():
@@ -407,10 +434,12 @@ def _install(cfg):
     def file_of(frame):
         return file_of_code(frame.f_code)
 
-    def culprit(depth=2):
-        """The file of the nearest frame that raised the event, past the stdlib's frame helpers
-        and past code compiled from a string (``<string>``), which is its executor's doing."""
-        frame = _getframe(depth)
+    def culprit(frame=None):
+        """The file of the nearest frame that raised the event (or of ``frame``), past the stdlib's
+        frame helpers and past code compiled from a string (``<string>``), which is its executor's
+        doing."""
+        if frame is None:
+            frame = _getframe(2)
         while frame is not None:
             filename = file_of(frame)
             executed = filename[:1] == "<" and filename is not _FORGED and not filename.startswith("<frozen")
@@ -887,6 +916,9 @@ def _install(cfg):
             emit("raw", nodeid, call.when, raw)
             if call.when == "call":
                 new_classes()
+                compared.clear()
+            if answering:
+                still_answering()
             if unprobed:  # the agent's classes made since the last phase, while a test runs
                 batch = unprobed[:]
                 del unprobed[:]
@@ -971,19 +1003,38 @@ def _install(cfg):
         return _type(filename) is _str and agent_code(filename) and (bool(changed) or not filename.startswith(workspace))
 
     def on_class(cls, body):
+        try:
+            take_class(cls, body)
+        except Exception:
+            pass  # the class statement is the code's, whatever this guard makes of it
+
+    def take_class(cls, body):
         if not _issubclass(_type(cls), type) or _id(cls) in agent_classes:
             return
         where = file_of_code(body.__code__) if _type(body) is _function else ""
         if where[:1] == "<" and where is not _FORGED:
-            where = culprit(4)  # a class statement in code compiled from a string: its executor's
+            # A class statement in code compiled from a string: its executor's (past this guard's
+            # __build_class__, whose caller is the class statement).
+            frame = _getframe(1)
+            while frame is not None and not (frame.f_code.co_name == "__build_class__" and file_of(frame) == _GUARD_FILE):
+                frame = frame.f_back
+            where = culprit(frame.f_back) if frame is not None and frame.f_back is not None else ""
         if class_of_agent(where):
             agent_classes[_id(cls)] = cls
             class_files[_id(cls)] = where
-            probe_classes((cls,))  # as it is made (one that puts itself back after use is caught here)
-            unprobed.append(cls)  # and once a test runs: decorators and later writes may change it
+            unprobed.append(cls)  # probed once a test runs (decorators and later writes may change it)
+            watch_comparisons(cls)  # and its own comparisons answer through the guard
 
     def made_by_agent(cls):
         # The file of the agent's that made the class (its functions' or its module's), or None.
+        # Never raises: it is asked about classes still being made (pybind11 sets a type's
+        # attributes before its __module__), and an exception here would be the class's maker's.
+        try:
+            return agents_file_of(cls)
+        except Exception:
+            return None
+
+    def agents_file_of(cls):
         where = origin(cls)
         if where[:1] != "<" and class_of_agent(where):
             class_files[_id(cls)] = where
@@ -1029,57 +1080,126 @@ def _install(cfg):
                     if _id(cls) not in agent_classes and _flags_of(cls) & _HEAP_TYPE and made_by_agent(cls):
                         agent_classes[_id(cls)] = cls
                         unprobed.append(cls)
+                        watch_comparisons(cls)
 
     def specimen(cls):
-        # An object of the class made by its first built-in base (0 for an int subclass, {} for a
-        # dict subclass): none of the agent's code runs to make it.
+        # An object of a subclass of a plain built-in type, made by that type (0 for an int
+        # subclass, {} for a dict subclass): none of the agent's code runs to make it. Not for
+        # other classes: an object of a class built on a C extension's state, made without its
+        # __init__, can crash the interpreter when a method reaches that state (pandas' MultiIndex).
         for base in _mro_of(cls):
             if not _flags_of(base) & _HEAP_TYPE:
-                return (_new_object if base is object else base.__new__)(cls)
-        raise TypeError
+                return base.__new__(cls) if base in _PLAIN_BASES and base is not object else None
+        return None
 
-    def probe(cls):
-        """What no correct object does: equal, or contain, a stranger; or not differ from one."""
+    def strangers(plain, scalars):
+        # What no correct object equals: a bare object, random numbers, strings and containers of
+        # them. Small ones too for an object made without its __init__ (0, "", []: equal to no
+        # small stranger); an object of the tests' making might be equal to one by chance. What no
+        # correct container holds: no number or string (an open interval holds any number, a
+        # pattern "*" any string).
         n = int.from_bytes(os.urandom(8), "big")
-        strangers = (object(), n | 1 << 80, "%x" % n)
-        try:
-            subject = specimen(cls)
-            tests = ((operator.eq, True), (operator.ne, False), (operator.contains, True))
-        except Exception:
-            # No object of it can be made that way (an abstract class): its own functions, on a stranger.
-            subject = object()
-            tests = []
-            for base in _mro_of(cls):
-                if _flags_of(base) & _HEAP_TYPE:
-                    own = _type_dict(base)
-                    for dunder, bad in (("__eq__", True), ("__ne__", False), ("__contains__", True)):
-                        if _type(own.get(dunder)) is _function:
-                            tests.append((own[dunder], bad))
-        for compare, bad in tests:
-            for stranger in strangers:
+        big = n | 1 << 80
+        small = 2 + n % 99991
+        found = [object(), [big], {"%x" % n: big}, (big,)]
+        if scalars:
+            found += [big, "%x" % n, float(big)]
+            if plain:
+                found += [small, "%x" % small, small / 7.0, [small], (small,)]
+        return found
+
+    def probe_object(subject, tests, plain):
+        """The name of what no correct object does (equal, or contain, a stranger; or not differ
+        from one), or None."""
+        for compare, bad, dunder in tests:
+            for stranger in strangers(plain, dunder != "__contains__"):
                 state["busy"] = False  # the agent's code runs: watched like anywhere else
                 try:
                     result = compare(subject, stranger)
-                    if result is NotImplemented:
-                        continue
-                    if _truth(result) is bad:
-                        return compare
+                    if (
+                        _type(result) is bool
+                        or _type(result) is int
+                        or (dunder == "__contains__" and result is not NotImplemented)
+                    ):
+                        if _truth(result) is bad:
+                            return dunder
                 except Exception:
                     pass
                 finally:
                     state["busy"] = True
         return None
 
+    def probe(cls):
+        try:
+            subject = specimen(cls)
+        except Exception:
+            subject = None
+        if subject is not None:
+            tests = ((operator.eq, True, "__eq__"), (operator.contains, True, "__contains__"))
+        else:
+            # The functions that answer for its objects, called on a bare object (a C method refuses
+            # it): one that says yes to a stranger whatever its object holds.
+            subject = object()
+            tests = []
+            mro = _mro_of(cls)
+            for dunder, bad in _PROBED:
+                for base in mro:
+                    fn = _type_dict(base).get(dunder)
+                    if fn is not None:
+                        if _type(fn) is _function:
+                            fn = _function_dict(fn).get("__wrapped__", fn) if fn.__code__ is _ANSWER_CODE else fn
+                            tests.append((fn, bad, dunder))
+                        break
+        return probe_object(subject, tests, True)
+
+    def report_probe(cls, found):
+        what = {"__eq__": "equals", "__contains__": "contains"}.get(found, found)
+        try:
+            name = "%s.%s" % (text(_module_of(cls)), text(_qualname_of(cls)))
+        except AttributeError:
+            name = "a class with no name"
+        where = class_files.get(_id(cls)) or made_by_agent(cls) or "?"
+        tamper("an object of %s (%s) %s anything: a result no test can check" % (name, text(where), what))
+
+    # The agent's own comparisons answer through a wrapper: a plain "yes" has the
+    # object that gave it probed with that function, once a test: one that stores its trick in the
+    # object (set by its __init__) is caught on the object the test compared.
+    compared = set()
+    answering = []  # [class, its dict, name, the wrapper]: each checked at every phase of a test
+
+    def watch_comparisons(cls):
+        own = _type_dict(cls)
+        for dunder, bad in _PROBED:
+            fn = own.get(dunder)
+            if _type(fn) is _function and fn.__code__ is not _ANSWER_CODE:
+                try:
+                    type.__setattr__(cls, dunder, _answering(fn, bad, dunder))
+                except Exception:
+                    continue
+                answering.append((cls, own, dunder, own.get(dunder)))
+
+    def still_answering():
+        # A comparison of the agent's class set again after the class was made (by a decorator, or
+        # the original put back in place of the wrapper): probed as it is now, and wrapped again.
+        for cls, own, dunder, wrapper in list(answering):
+            if own.get(dunder) is not wrapper:
+                answering.remove((cls, own, dunder, wrapper))
+                probe_classes((cls,))
+                watch_comparisons(cls)
+
+    def on_compared(subject, fn, bad, dunder):
+        if _id(subject) in compared:
+            return
+        compared.add(_id(subject))
+        found = probe_object(subject, ((fn, bad, dunder),), False)
+        if found is not None:
+            report_probe(_type(subject), found)
+
     def probe_classes(classes):
         for cls in classes:
             found = probe(cls)
             if found is not None:
-                name = getattr(found, "__name__", "?")
-                what = {"eq": "equals", "ne": "never differs from", "contains": "contains"}.get(name, name)
-                tamper(
-                    "an object of %s.%s (%s) %s anything: a result no test can check"
-                    % (text(_module_of(cls)), text(_qualname_of(cls)), text(class_files.get(_id(cls), origin(cls))), what)
-                )
+                report_probe(cls, found)
 
     def on_event(event, args):
         if state["busy"]:
@@ -1092,6 +1212,8 @@ def _install(cfg):
                 on_raw(args[0], args[1])
             elif event == "import":
                 watch_modules()
+            elif event == _NAME + ".compared":
+                on_compared(args[0], args[1], args[2], args[3])
             elif event == _NAME + ".class":
                 on_class(args[0], args[1])
             elif event == _NAME + ".collected":
