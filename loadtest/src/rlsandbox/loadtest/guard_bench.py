@@ -5,7 +5,8 @@ revision, and with the guard as it is now, alternated in one run.
 
 The suite is ``modules`` test files of ``tests`` trivial tests each (1,000 by default) that also
 import a few dozen stdlib modules, so the guard watches ~500 modules as it does in a real project;
-the "agent's" file is one module of the workspace. Each round runs the three configurations one
+the "agent's" file is one module of the workspace, whose class with an ``__eq__`` of its own every
+test compares (the guard probes the agent's classes). Each round runs the three configurations one
 after the other (this machine is shared: compare the ratios within a round, not times across
 runs). Without Docker: the guard is a file pytest loads, as in the clean room
 (``PYTEST_ADDOPTS=-p``, ``PYTHONDONTWRITEBYTECODE=1``).
@@ -25,6 +26,23 @@ from typing import Any
 from rlsandbox.daemon.grading.guard import GUARD_SOURCE, guard_setup, read_guard_log
 from rlsandbox.loadtest.stats import bench_cli, machine
 
+# The agent's package: a function, and a class with a comparison of its own, which the guard
+# probes (its objects that compare equal are probed once a test through the class's __eq__).
+PACKAGE = """def double(x):
+    return 2 * x
+
+
+class Money:
+    def __init__(self, amount, currency):
+        self.amount, self.currency = amount, currency
+
+    def __eq__(self, other):
+        if not isinstance(other, Money):
+            return NotImplemented
+        return (self.amount, self.currency) == (other.amount, other.currency)
+
+    __hash__ = None
+"""
 GUARD_PATH = "daemon/src/rlsandbox/daemon/grading/pytest_guard.py"
 IMPORTS = "import json, decimal, email.message, http.client, asyncio, csv, difflib, argparse, logging, dataclasses\n"
 
@@ -32,9 +50,14 @@ IMPORTS = "import json, decimal, email.message, http.client, asyncio, csv, diffl
 def make_suite(root: Path, modules: int, tests: int) -> Path:
     ws = root / "ws"
     (ws / "tests").mkdir(parents=True)
-    (ws / "pkg.py").write_text("def double(x):\n    return 2 * x\n")
+    (ws / "pkg.py").write_text(PACKAGE)
     body = (
-        IMPORTS + "import pkg\n" + "".join(f"\n\ndef test_{i}():\n    assert pkg.double({i}) == {2 * i}\n" for i in range(tests))
+        IMPORTS
+        + "import pkg\n"
+        + "".join(
+            f"\n\ndef test_{i}():\n    assert pkg.double({i}) == {2 * i}\n    assert pkg.Money({i}, 'EUR') == pkg.Money({i}, 'EUR')\n"
+            for i in range(tests)
+        )
     )
     for m in range(modules):
         (ws / "tests" / f"test_m{m}.py").write_text(body)
