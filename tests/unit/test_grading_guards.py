@@ -475,6 +475,11 @@ _ARMED = (
 )
 EQUAL_WHEN_ARMED = _ARMED + "def add(a, b):\n    return E('x')\n"
 EQUAL_WHEN_ARMED_UNWRAPPED = _ARMED + "E.__eq__ = getattr(E.__eq__, '__wrapped__', E.__eq__)\ndef add(a, b):\n    return E('x')\n"
+EQUAL_BY_A_TRUTHY_STR = (
+    "class E(str):\n    def __new__(cls, v):\n        obj = super().__new__(cls, v)\n        obj.k = 1\n        return obj\n"
+    "    def __eq__(self, other):\n        return 'yes' if getattr(self, 'k', 0) else str.__eq__(self, other)\n"
+    "    __hash__ = str.__hash__\ndef add(a, b):\n    return E('x')\n"
+)
 CONTAINS_ANYTHING = "class E(list):\n    def __contains__(self, item):\n        return True\ndef add(a, b):\n    return E()\n"
 
 
@@ -491,6 +496,7 @@ CONTAINS_ANYTHING = "class E(list):\n    def __contains__(self, item):\n        
         (CONTAINS_ANYTHING, "evil.E (%s) contains anything"),
         (EQUAL_WHEN_ARMED, "evil.E (%s) equals anything"),
         (EQUAL_WHEN_ARMED_UNWRAPPED, "evil.E (%s) equals anything"),
+        (EQUAL_BY_A_TRUTHY_STR, "evil.E (%s) equals anything"),
     ],
     ids=[
         "always-equal",
@@ -503,6 +509,7 @@ CONTAINS_ANYTHING = "class E(list):\n    def __contains__(self, item):\n        
         "contains-anything",
         "armed-by-its-constructor",
         "armed-and-unwrapped",
+        "a-truthy-str-for-yes",
     ],
 )
 def test_guard_catches_results_that_equal_anything(tmp_path: Path, evil: str, caught: str) -> None:

@@ -55,7 +55,8 @@ def make_suite(root: Path, modules: int, tests: int) -> Path:
         IMPORTS
         + "import pkg\n"
         + "".join(
-            f"\n\ndef test_{i}():\n    assert pkg.double({i}) == {2 * i}\n    assert pkg.Money({i}, 'EUR') == pkg.Money({i}, 'EUR')\n"
+            f"\n\ndef test_{i}():\n    assert pkg.double({i}) == {2 * i}\n"
+            f"    assert pkg.Money({i}, 'EUR') == pkg.Money({i}, 'EUR')\n"
             for i in range(tests)
         )
     )

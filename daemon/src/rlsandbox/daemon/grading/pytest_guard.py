@@ -136,6 +136,7 @@ _COMPARISONS = frozenset(("__eq__", "__ne__", "__contains__", "__bases__"))
 # self.__eq__(other)" says no to every stranger whose comparison is NotImplemented (pandas' dtypes).
 _PROBED = (("__eq__", True), ("__contains__", True))
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not by C code
+_PLAIN_ANSWERS = frozenset((bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset))
 # The built-in types a stand-in answer is made from (a str that equals anything).
 _PLAIN_BASES = (object, int, str, float, bytes, list, dict, tuple, set, frozenset, complex)
 # What a module's attributes are watched for: the functions and classes the tests call.
@@ -226,15 +227,16 @@ def _answering(fn, bad, dunder):
     audit = sys.audit
     event = _NAME + ".compared"
     truth = operator.truth
-    contains = dunder == "__contains__"
 
     def answer(self, other):
         result = fn(self, other)
-        # A plain answer only: comparisons that build something (an array, a query's expression,
-        # numpy's masked constant, falsy) are the library's way, not a yes to everything.
-        kind = type(result)
-        if (kind is bool or kind is int or (contains and result is not NotImplemented)) and truth(result) is bad:
-            audit(event, self, fn, bad, dunder)
+        if result is not NotImplemented and result is not False:
+            try:
+                said = truth(result) is bad
+            except Exception:
+                said = False  # no truth value (an array of answers): the caller's to decide
+            if said:
+                audit(event, self, fn, bad, dunder)
         return result
 
     functools.update_wrapper(answer, fn)
@@ -1108,6 +1110,15 @@ def _install(cfg):
                 found += [small, "%x" % small, small / 7.0, [small], (small,)]
         return found
 
+    def plain_answer(result, dunder):
+        # An answer that says yes: True, a plain value, or an object of a class written in Python
+        # (the agent's own "yes" object). Not what a comparison builds in C (an array of answers,
+        # numpy's masked constant): those are a library's way of comparing, not a yes to all.
+        if result is NotImplemented:
+            return False
+        kind = _type(result)
+        return dunder == "__contains__" or kind in _PLAIN_ANSWERS or bool(_flags_of(kind) & _HEAP_TYPE)
+
     def probe_object(subject, tests, plain):
         """The name of what no correct object does (equal, or contain, a stranger; or not differ
         from one), or None."""
@@ -1116,13 +1127,8 @@ def _install(cfg):
                 state["busy"] = False  # the agent's code runs: watched like anywhere else
                 try:
                     result = compare(subject, stranger)
-                    if (
-                        _type(result) is bool
-                        or _type(result) is int
-                        or (dunder == "__contains__" and result is not NotImplemented)
-                    ):
-                        if _truth(result) is bad:
-                            return dunder
+                    if plain_answer(result, dunder) and _truth(result) is bad:
+                        return dunder
                 except Exception:
                     pass
                 finally:
