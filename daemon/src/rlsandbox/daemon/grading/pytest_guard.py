@@ -22,6 +22,9 @@
 # - watches the runner's live objects, which pytest leaves on a class (pytestPDB): plugins
 #   registered by the agent's code, hook implementations added or removed, the own attributes of
 #   the session, config, plugin manager and hook callers, the test items' functions and methods;
+# - probes the agent's classes for answers that equal anything (assert f() == 6 passing with an
+#   object whose __eq__ says yes): an object of each against strangers no correct object equals,
+#   and the objects the tests compare, through a wrapper of the class's own comparisons;
 # - counts as the agent's code every file that appeared or changed during the run (a module it
 #   writes to /tmp and imports), unless the tests wrote it; bytecode that appeared during the run
 #   (a planted .pyc of a test file) is tampering;
