@@ -21,7 +21,8 @@
 #   and its functions and classes are compared by identity (writes past that class);
 # - watches the runner's live objects, which pytest leaves on a class (pytestPDB): plugins
 #   registered by the agent's code, hook implementations added or removed, the own attributes of
-#   the session, config, plugin manager and hook callers, the test items' functions and methods;
+#   the session, config, plugin manager and hook callers, the test items' functions and methods,
+#   the fixture definitions' functions and cached values;
 # - probes the agent's classes for answers that equal anything (assert f() == 6 passing with an
 #   object whose __eq__ says yes): an object of each against strangers no correct object equals,
 #   and the objects the tests compare, through a wrapper of the class's own comparisons;
@@ -174,6 +175,13 @@ def _guarded_setattr(self, name, value):
 def _guarded_delattr(self, name):
     sys.audit(_NAME + ".set", self, name, None)
     types.ModuleType.__delattr__(self, name)
+
+
+def _guarded_runner_setattr(self, name, value):
+    # A fixture definition's attributes (its function, its cached value): every write is shown to
+    # the guard, which knows who wrote it.
+    sys.audit(_NAME + ".fixture", self, name, value)
+    object.__setattr__(self, name, value)
 
 
 class _WatchedModule(types.ModuleType):
@@ -785,9 +793,65 @@ def _install(cfg):
         config = getattr(session, "config", None)
         pm = getattr(config, "pluginmanager", None)
         relay = getattr(pm, "hook", None)
-        objects = [session, config, pm, relay] + list(_object_dict(relay).values())
+        objects = [session, config, pm, relay] + list(_object_dict(relay).values()) + watch_fixtures(session)
         live["objects"] = tuple(o for o in objects if o is not None)
         live["flat"] = live_state()
+
+    # The fixture definitions of the collected tests, reached like the rest through pytestPDB: a
+    # fixture's function replaced, or its cached value (a session fixture's) forged, makes the
+    # tests that use it compare with what the agent chose. Each gets a class whose attribute
+    # writes raise an audit event; a write past it (vars(), object.__setattr__) is found by
+    # comparing the cached value with the last one pytest wrote, at every phase of a test using it.
+    fixture_values = {}  # id(fixture definition) -> its cached value as pytest last wrote it
+    fixture_classes = {}
+
+    def watch_fixtures(session):
+        found = {}
+        for item in list(getattr(session, "items", None) or ()):
+            for defs in fixture_defs(item):
+                for fd in defs:
+                    found[_id(fd)] = fd
+        for fd in found.values():
+            cls = _type(fd)
+            name = _module_of(cls)
+            if _type(name) is not _str or not name.startswith("_pytest."):
+                continue  # a plugin's own kind of fixture definition: left as it is
+            sub = fixture_classes.get(cls)
+            if sub is None:
+                members = {"__slots__": (), "__setattr__": _guarded_runner_setattr, "__module__": name}
+                members["__qualname__"] = _qualname_of(cls)
+                sub = fixture_classes[cls] = _type(cls)(cls.__name__, (cls,), members)
+            try:
+                object.__setattr__(fd, "__class__", sub)
+            except TypeError:
+                continue
+            fixture_values[_id(fd)] = _object_dict(fd).get("cached_result")
+        return list(found.values())
+
+    def fixture_defs(item):
+        info = _object_dict(item).get("_fixtureinfo")
+        defs = getattr(info, "name2fixturedefs", None) if info is not None else None  # a slotted dataclass
+        return list(defs.values()) if _type(defs) is dict else []
+
+    def on_fixture_write(fd, name, value):
+        where = agent_wrote(_getframe(3))  # past the fixture class's __setattr__
+        if where:
+            tamper("%s changed pytest's fixture %s (%s)" % (where, text(_object_dict(fd).get("argname")), text(name)))
+            raise RuntimeError("rlsandbox grading: code under test cannot change the tests' fixtures")
+        if name == "cached_result":
+            fixture_values[_id(fd)] = value
+
+    def check_fixtures(item):
+        for defs in fixture_defs(item):
+            for fd in defs:
+                key_ = _id(fd)
+                now = _object_dict(fd).get("cached_result")
+                if key_ in fixture_values and now is not fixture_values[key_]:
+                    fixture_values[key_] = now
+                    tamper(
+                        "the cached value of pytest's fixture %s was changed past the runner"
+                        % text(_object_dict(fd).get("argname"))
+                    )
 
     def live_state():
         values = []
@@ -919,6 +983,8 @@ def _install(cfg):
         nodeid = item.nodeid
         if _type(nodeid) is _str:
             emit("raw", nodeid, call.when, raw)
+            if fixture_values:
+                check_fixtures(item)
             if call.when == "call":
                 new_classes()
                 compared.clear()
@@ -1221,6 +1287,8 @@ def _install(cfg):
                 on_raw(args[0], args[1])
             elif event == "import":
                 watch_modules()
+            elif event == _NAME + ".fixture":
+                on_fixture_write(args[0], args[1], args[2])
             elif event == _NAME + ".compared":
                 on_compared(args[0], args[1], args[2], args[3])
             elif event == _NAME + ".class":
