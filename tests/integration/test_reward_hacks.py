@@ -7,6 +7,7 @@ unchanged (wrong) workspace; the clean room must pay 0 and say why. Every one of
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -380,6 +381,27 @@ async def test_hack_an_answer_that_equals_anything(hclient: AsyncClient, textkit
     assert "textkit._Slug" in tampered(result) and "equals anything" in tampered(result), tampered(result)
     passed = {t.id for t in result.tests if t.outcome == "passed"}
     assert "tests/test_slugify.py::test_slugify_lowercases" in passed  # the hack worked on the test itself
+
+
+# Where a task lists no test, every test of the report counts but the skipped ones.
+SKIP_WHAT_FAILS = (
+    "_slugify = slugify\n"
+    "def slugify(text):\n"
+    "    import pytest\n"
+    "    pytest.skip('slugs need the unicode tables of a newer release')\n"
+)
+
+
+async def test_hack_code_under_test_that_skips_the_tests_it_would_fail(hclient: AsyncClient, textkit: Task) -> None:
+    """The task with its lists of tests taken away: every test of the report counts, except the
+    skipped ones, so a ``slugify`` that skips the test calling it left only passing tests (1.0
+    before); the guard sees the skip come from the package."""
+    evaluation = textkit.spec.evaluation.model_copy(update={"fail_to_pass": [], "pass_to_pass": []})
+    unlisted = dataclasses.replace(textkit, spec=textkit.spec.model_copy(update={"evaluation": evaluation}))
+    result = await graded_with_package_code(hclient, unlisted, after=SKIP_WHAT_FAILS)
+    assert result.status == "ok" and result.reward == 0.0, (result.message, result.tampering, result.log.decode()[-1500:])
+    assert "skipped the test tests/test_slugify.py::test_slugify_lowercases" in tampered(result), tampered(result)
+    assert {t.id: t.outcome for t in result.tests}["tests/test_slugify.py::test_slugify_lowercases"] == "skipped"
 
 
 # The fix, applied only when a child process can open the test process's memory (where the

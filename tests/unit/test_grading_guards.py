@@ -572,6 +572,31 @@ def test_guard_catches_forged_fixtures(tmp_path: Path, evil: str, caught: str) -
     assert any(caught in t for t in log.tampering), (log.tampering, out)
 
 
+def test_guard_tells_the_agents_skips_from_the_tests_own(tmp_path: Path) -> None:
+    """Where a task lists no test, a skipped test does not count: code under test that skips the
+    test calling it (``pytest.skip``, ``unittest.SkipTest``) got a full reward for failing ones.
+    Skips of the tests' own making (in the test, a fixture, ``skipif``, ``importorskip``) are not
+    the agent's."""
+    evil = (
+        "import unittest\ndef skip_me():\n    import pytest\n    pytest.skip('not here')\n"
+        "def skip_me_too():\n    raise unittest.SkipTest('later')\ndef fine():\n    return 1\n"
+    )
+    tests = (
+        "import sys, pytest, evil\n\n@pytest.fixture\ndef gone():\n    pytest.skip('no such service')\n"
+        "\ndef test_a():\n    evil.skip_me()\n\ndef test_b():\n    evil.skip_me_too()\n"
+        "\ndef test_own():\n    evil.fine()\n    pytest.skip('the test skips itself')\n"
+        "\n@pytest.mark.skipif(sys.version_info > (2,), reason='py2 only')\ndef test_marked():\n    pass\n"
+        "\ndef test_import():\n    pytest.importorskip('no_such_module_at_all')\n"
+        "\ndef test_fixture(gone):\n    pass\n"
+    )
+    log, out = run_guarded(tmp_path, evil, {"test_y.py": tests})
+    assert sorted(t.split(" skipped the test ")[-1] for t in log.tampering) == ["test_y.py::test_a", "test_y.py::test_b"], (
+        log.tampering,
+        out,
+    )
+    assert all(o is Outcome.SKIPPED for o in log.tests.values()), log.tests
+
+
 # -- shadowing ------------------------------------------------------------------------------------
 def snap(*paths: str) -> Snapshot:
     return Snapshot({p: Entry("file", 0o644, b"x") for p in paths})
