@@ -12,6 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from rlsandbox.daemon.config import load_config
+from rlsandbox.daemon.runtime.cgroups import CGROUP_ROOT
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 K8S_VERSIONS = ["1.29.0", "1.33.0"]  # the oldest supported release we target and a recent one
@@ -83,6 +84,10 @@ def test_the_daemon_config_loads_and_the_pod_gives_it_what_it_needs(tmp_path: Pa
     for path in (config.agent_socket_root, config.agent_host_dir, config.docker_socket):
         at, volume = mounted(path)
         assert volume.get("hostPath", {}).get("path") == at, f"{path} is not a hostPath at the same path"
+    # The node-wide caps are written in the host's cgroups, not in the pod's namespace.
+    at, volume = mounted(str(CGROUP_ROOT / "rlsandbox" / "pids.max"))
+    assert at == str(CGROUP_ROOT) and volume.get("hostPath", {}).get("path") == str(CGROUP_ROOT)
+    assert not any(m.get("readOnly") for m in daemon["volumeMounts"] if m["mountPath"] == at)
     # The journal outlives the pod (a restarted daemon re-adopts its sessions).
     assert "hostPath" in mounted(config.session_journal)[1]
     for path in (config.tls_cert, config.tls_key, config.auth_token_file):
