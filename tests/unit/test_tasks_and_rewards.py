@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import subprocess
@@ -33,6 +34,7 @@ from rlsandbox.daemon.grading.task import (
     load_tasks,
     matches,
 )
+from rlsandbox.daemon.grading.validate import RunOutcome, judge
 from rlsandbox.daemon.grading.workspace import Entry, Snapshot, changes_tar, plan, snapshot_from_archive
 from rlsandbox.daemon.model import FileStat
 
@@ -565,3 +567,24 @@ async def test_reading_around_an_excluded_path_costs_a_bounded_number_of_engine_
     flood = _Listed([f"f{i}" for i in range(READ_AROUND_ENTRIES + 1)])
     await workspaces.read(flood, "/testbed", 1 << 20, fresh=False, exclude=[".venv"])  # type: ignore[arg-type]
     assert engine.reads == ["/testbed"]
+
+
+def test_validation_flags_a_task_whose_tests_the_policy_can_change() -> None:
+    """A task that names none of its tests (no test_files, test_patch or hidden tests) is graded by
+    the workspace's own tests, which the policy may rewrite: not valid, however its runs went."""
+    [task] = load_tasks(TASKS / "py-flaky")
+    ev = task.spec.evaluation
+    runs = [
+        RunOutcome("empty", "ok", {**dict.fromkeys(ev.fail_to_pass, "failed"), **dict.fromkeys(ev.pass_to_pass, "passed")}),
+        RunOutcome("gold", "ok", dict.fromkeys(ev.graded_ids, "passed")),
+    ]
+    assert judge(task, runs, exclude_flaky=False).verdict == "valid"
+    bare = ev.model_copy(update={"test_files": [], "hidden_tests": {}, "hidden_tests_dir": None, "test_patch": None})
+    unprotected = dataclasses.replace(task, spec=task.spec.model_copy(update={"evaluation": bare}))
+    verdict = judge(unprotected, runs, exclude_flaky=False)
+    assert verdict.verdict == "tests_unprotected" and not verdict.usable
+    assert "can change the tests it is graded by" in verdict.problems[-1]
+    # A reward command of the task's own decides what counts: its tests are not judged here.
+    command = bare.model_copy(update={"reward": bare.reward.model_copy(update={"policy": "command", "command": "echo 1"})})
+    own = dataclasses.replace(task, spec=task.spec.model_copy(update={"evaluation": command}))
+    assert judge(own, runs, exclude_flaky=False).verdict == "valid"

@@ -35,6 +35,7 @@ VERDICTS = (
     "empty_passes",
     "pass_to_pass_fails",
     "no_gold_patch",
+    "tests_unprotected",
     "invalid_task",
     "infra_error",
 )
@@ -176,7 +177,22 @@ def judge(task: Task, runs: list[RunOutcome], *, exclude_flaky: bool) -> TaskVer
     elif not task.spec.gold_patch:
         v.verdict = "no_gold_patch"
         v.problems.append("no gold patch: only the empty patch was checked")
+    if tests_unprotected(task):
+        v.problems.append(
+            "the tests are the workspace's own and the task names none of them (no test_files, test_patch or hidden "
+            "tests): a policy can change the tests it is graded by; list them in evaluation.test_files"
+        )
+        if v.verdict == "valid":
+            v.verdict = "tests_unprotected"
     return v
+
+
+def tests_unprotected(task: Task) -> bool:
+    """Whether the tests that grade a task come only from the agent's own workspace, unprotected:
+    nothing restores them before the run (a task whose reward is a command of its own is left
+    to that command)."""
+    ev = task.spec.evaluation
+    return ev.reward.policy != "command" and not (ev.test_files or ev.test_patch or ev.hidden_tests or ev.hidden_tests_dir)
 
 
 class Progress:
