@@ -39,6 +39,7 @@
 # The grader verifies the signatures and the sequence; it trusts no other channel of this process.
 import functools
 import io
+import itertools
 import operator
 import os
 import sys
@@ -232,12 +233,24 @@ def _watch_class_statements():
     builtins.__build_class__ = __build_class__
 
 
+_EPOCH = [0]  # the number of tests run so far: the comparison wrappers forget what they showed
+
+
 def _answering(fn, bad, dunder):
     # In place of a comparison of the agent's: the answer no correct object gives to every
     # question (True from __eq__) is shown to the guard with the object and the function.
     audit = sys.audit
     event = _NAME + ".compared"
     truth = operator.truth
+    epoch = _EPOCH
+    # The objects shown to the guard in this test (once is enough), by identity: id() raises an
+    # audit event (Python 3.11+), a microsecond each in a loop of comparisons.
+    shown = []
+    mark = [-1]
+    is_ = operator.is_
+    any_ = any
+    map_ = map
+    repeat = itertools.repeat
 
     def answer(self, other):
         result = fn(self, other)
@@ -247,7 +260,13 @@ def _answering(fn, bad, dunder):
             except Exception:
                 said = False  # no truth value (an array of answers): the caller's to decide
             if said:
-                audit(event, self, fn, bad, dunder)
+                if mark[0] != epoch[0]:
+                    mark[0] = epoch[0]
+                    del shown[:]
+                if not (shown and shown[-1] is self) and not any_(map_(is_, shown, repeat(self))):
+                    if len(shown) < 64:
+                        shown.append(self)
+                    audit(event, self, fn, bad, dunder)
         return result
 
     functools.update_wrapper(answer, fn)
@@ -990,6 +1009,7 @@ def _install(cfg):
             if call.when == "call":
                 new_classes()
                 compared.clear()
+                _EPOCH[0] += 1
             if answering:
                 still_answering()
             if unprobed:  # the agent's classes made since the last phase, while a test runs
@@ -1299,8 +1319,17 @@ def _install(cfg):
             if found is not None:
                 report_probe(cls, found)
 
+    # Every event on_event acts on: any other (builtins.id, raised by every id() call: copy.deepcopy
+    # makes millions) returns at once, with one set lookup instead of the whole chain below.
+    handled = frozenset(
+        [_NAME + e for e in (".report", ".raw", ".fixture", ".compared", ".class", ".collected", ".plugin", ".set", ".end")]
+        + ["import", "object.__getattr__", "exec", "object.__setattr__", "object.__delattr__", "open", "compile"]
+        + list(_INTROSPECTION)
+        + list(_BYTECODE)
+    )
+
     def on_event(event, args):
-        if state["busy"]:
+        if state["busy"] or event not in handled:
             return
         state["busy"] = True
         try:
