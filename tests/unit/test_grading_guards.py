@@ -672,6 +672,8 @@ def test_scan_flags_values_that_equal_anything_in_code_under_test_only() -> None
     lines = b"from unittest.mock import ANY\nx = mock . ANY\nfrom mock import call, ANY\nANYTHING = 1\n"
     assert [f.split(":")[1] for f in scan("src/pkg/core.py", None, lines)] == ["1", "2", "3"]
     assert scan("tests/test_core.py", None, lines) == [] and scan("pkg/tests/helpers.py", None, lines) == []
+    mocks = b"m = MagicMock()\nm.__eq__.return_value = True\nn = mock.Mock(spec=int)\nMockingbird()\n"
+    assert [f.split(":")[1] for f in scan("src/pkg/core.py", None, mocks)] == ["1", "3"]
 
 
 def test_test_folders_grow_from_listed_files() -> None:

@@ -38,6 +38,10 @@ _IN_CODE_UNDER_TEST = [
         re.compile(r"\bmock\s*\.\s*ANY\b|\bfrom\s+(unittest\.)?mock\s+import\b.*\bANY\b|\bdirty_equals\b.*\bIsAnything\b"),
         "a value that equals anything (mock.ANY)",
     ),
+    (
+        re.compile(r"\b(Magic|NonCallable|NonCallableMagic|Async)?Mock\s*\(|\bmock\s*\.\s*(patch|sentinel)\b"),
+        "a mock object (it can be told to equal anything)",
+    ),
 ]
 SCANNED_SUFFIXES = (".py", ".pyi", ".pyx", ".pth", ".cfg", ".toml", ".ini", ".sh")
 MAX_SCANNED_BYTES = 2 << 20
