@@ -1295,10 +1295,22 @@ def _install(cfg):
                 except Exception:
                     continue
                 answering.append((cls, own, dunder, own.get(dunder)))
+                del answering_flat[:]
+
+    answering_flat = []  # (their dicts, names, wrappers) as tuples: compared in C loops
 
     def still_answering():
         # A comparison of the agent's class set again after the class was made (by a decorator, or
         # the original put back in place of the wrapper): probed as it is now, and wrapped again.
+        if not answering_flat:
+            answering_flat[:] = [tuple(a[1] for a in answering), tuple(a[2] for a in answering), tuple(a[3] for a in answering)]
+        owns, names, wrappers = answering_flat
+        try:
+            if _all(_map(_is, _map(operator.getitem, owns, names), wrappers)):
+                return
+        except KeyError:
+            pass  # one was deleted
+        del answering_flat[:]
         for cls, own, dunder, wrapper in list(answering):
             if own.get(dunder) is not wrapper:
                 answering.remove((cls, own, dunder, wrapper))
