@@ -597,6 +597,35 @@ def test_guard_tells_the_agents_skips_from_the_tests_own(tmp_path: Path) -> None
     assert all(o is Outcome.SKIPPED for o in log.tests.values()), log.tests
 
 
+def test_guard_keeps_the_interrupted_frame_from_the_agents_signal_handlers(tmp_path: Path) -> None:
+    """A signal handler is called with the frame the signal interrupted: a timer's handler of the
+    agent's reached the runner's frames with no audited access. Handlers now run through a proxy:
+    the agent's get None for the frame, the tests' own get it; signal() and getsignal() still
+    answer with the handler as installed; one installed past the proxy (the original function,
+    from a closure) is tampering."""
+    evil = (
+        "import signal, time, _signal\nseen = []\ndef _h(signum, frame):\n    seen.append(frame)\n"
+        "def frame_seen():\n    old = signal.signal(signal.SIGALRM, _h)\n    assert signal.getsignal(signal.SIGALRM) is _h\n"
+        "    signal.setitimer(signal.ITIMER_REAL, 0.001)\n    t = time.time()\n"
+        "    while not seen and time.time() - t < 2:\n        pass\n"
+        "    assert signal.signal(signal.SIGALRM, old) is _h\n    return seen[-1] is not None\n"
+        "def past_the_guard():\n    cells = [c.cell_contents for c in _signal.signal.__closure__]\n"
+        "    [real] = [c for c in cells if getattr(c, '__name__', '') == 'signal' and c is not _signal.signal]\n"
+        "    real(signal.SIGUSR1, _h)\n"
+    )
+    tests = (
+        "import signal, time, evil\n\ndef test_agents_handler():\n    assert not evil.frame_seen()\n"
+        "\ndef test_own_handler():\n    got = []\n    old = signal.signal(signal.SIGALRM, lambda n, f: got.append(f))\n"
+        "    signal.setitimer(signal.ITIMER_REAL, 0.001)\n    t = time.time()\n"
+        "    while not got and time.time() - t < 2:\n        pass\n    signal.signal(signal.SIGALRM, old)\n"
+        "    assert got and got[0] is not None\n"
+        "\ndef test_past_the_guard():\n    evil.past_the_guard()\n"
+    )
+    log, out = run_guarded(tmp_path, evil, {"test_y.py": tests})
+    assert all(o is Outcome.PASSED for o in log.tests.values()) and len(log.tests) == 3, (log.tests, out)
+    assert len(log.tampering) == 1 and "a handler of signal 10 was installed past the guard" in log.tampering[0], log.tampering
+
+
 # -- shadowing ------------------------------------------------------------------------------------
 def snap(*paths: str) -> Snapshot:
     return Snapshot({p: Entry("file", 0o644, b"x") for p in paths})

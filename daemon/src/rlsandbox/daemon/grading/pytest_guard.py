@@ -276,6 +276,53 @@ def _answering(fn, bad, dunder):
 _ANSWER_CODE = _answering(len, True, "").__code__
 
 
+def _proxy(handler, audit, event):
+    # A signal handler's stand-in: the guard sees the handler and the frame first, and may hand
+    # the handler None in its place.
+    def proxy(signum, frame):
+        box = [frame]
+        audit(event, handler, box)
+        return handler(signum, box[0])
+
+    proxy.__wrapped__ = handler
+    return proxy
+
+
+_PROXY_CODE = _proxy(None, None, None).__code__
+
+
+def _signals_through_the_guard():
+    # A signal handler is called with the frame the signal interrupted: one of the runner's,
+    # reached with no audited access (a timer's handler walking pytest's locals). Every handler
+    # installed from now on is called through a proxy that shows it to the guard, which gives a
+    # handler of the agent's None for the frame. signal() and getsignal() still answer with the
+    # handlers as installed. In _signal, which signal.signal and signal.getsignal call.
+    import _signal
+
+    install = _signal.signal
+    get = _signal.getsignal
+    audit = sys.audit
+    event = _NAME + ".signalled"
+
+    def unwrap(handler):
+        if type(handler) is types.FunctionType and handler.__code__ is _PROXY_CODE:
+            return handler.__wrapped__
+        return handler
+
+    def signal(signalnum, handler):
+        if callable(handler) and not (type(handler) is types.FunctionType and handler.__code__ is _PROXY_CODE):
+            handler = _proxy(handler, audit, event)
+        return unwrap(install(signalnum, handler))
+
+    def getsignal(signalnum):
+        return unwrap(get(signalnum))
+
+    for name, function in (("signal", signal), ("getsignal", getsignal)):
+        function.__doc__ = getattr(_signal, name).__doc__
+        setattr(_signal, name, function)
+    return get
+
+
 def _undumpable():
     # A process the tests start (same user) could otherwise read and write this one's memory
     # through /proc/<pid>/mem or ptrace (the key, the records' pipe at /proc/<pid>/fd): without
@@ -355,6 +402,7 @@ def _install(cfg):
     fd = os.dup(2)  # pytest's capture replaces fd 2 during tests; this copy stays on the pipe
     _undumpable()
     _watch_class_statements()
+    installed_handler = _signals_through_the_guard()
     modules, classes, functions = _snapshot()
     # Each class's own dict, not its read-only view: the view's get is a method call per key.
     classes = [(cls, members, _real_dict(cls)) for cls, members in classes]
@@ -1024,6 +1072,7 @@ def _install(cfg):
                     # ~0.6 ms for 500 modules: between tests at most every CHECK_EVERY, and at the end.
                     check_modules()
                     check_hooks()
+                    check_signals()
                     state["next_check"] = _monotonic() + _CHECK_EVERY
 
     def skipped_by_agent(nodeid, exc):
@@ -1334,11 +1383,33 @@ def _install(cfg):
     # Every event on_event acts on: any other (builtins.id, raised by every id() call: copy.deepcopy
     # makes millions) returns at once, with one set lookup instead of the whole chain below.
     handled = frozenset(
-        [_NAME + e for e in (".report", ".raw", ".fixture", ".compared", ".class", ".collected", ".plugin", ".set", ".end")]
+        [
+            _NAME + e
+            for e in (".report", ".raw", ".fixture", ".compared", ".class", ".collected", ".plugin", ".set", ".end", ".signalled")
+        ]
         + ["import", "object.__getattr__", "exec", "object.__setattr__", "object.__delattr__", "open", "compile"]
         + list(_INTROSPECTION)
         + list(_BYTECODE)
     )
+
+    try:
+        import _signal
+
+        signal_numbers = tuple(sorted(_signal.valid_signals()))
+    except Exception:
+        signal_numbers = ()
+    first_handlers = {n: installed_handler(n) for n in signal_numbers}  # the interpreter's own, before any code
+
+    def check_signals():
+        # A handler set past the proxies (the original _signal.signal, from a proxy's closure).
+        for n in signal_numbers:
+            handler = installed_handler(n)
+            if handler is first_handlers.get(n) or not callable(handler):
+                continue
+            if _type(handler) is _function and handler.__code__ is _PROXY_CODE:
+                continue
+            if suspicious(origin(handler)):
+                tamper("a handler of signal %d was installed past the guard by code of %s" % (n, text(origin(handler))))
 
     def on_event(event, args):
         if state["busy"] or event not in handled:
@@ -1351,6 +1422,9 @@ def _install(cfg):
                 on_raw(args[0], args[1])
             elif event == "import":
                 watch_modules()
+            elif event == _NAME + ".signalled":
+                if suspicious(origin(args[0])):
+                    args[1][0] = None  # the agent's handler (or one with no library behind it): no frame
             elif event == _NAME + ".fixture":
                 on_fixture_write(args[0], args[1], args[2])
             elif event == _NAME + ".compared":
@@ -1367,6 +1441,7 @@ def _install(cfg):
             elif event == _NAME + ".end":
                 find_agent_classes()
                 probe_classes(list(agent_classes.values()))
+                check_signals()
                 verify()
                 watch_modules(every=True)
                 check_modules(final=True)
