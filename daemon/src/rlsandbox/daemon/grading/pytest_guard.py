@@ -32,7 +32,8 @@
 # - refuses and records what code the agent wrote uses to reach into the runner: swapping the
 #   __code__ of a function it did not write (a runner's, a test's, a helper's), frame, gc and
 #   ctypes introspection, trace hooks, reading its own memory through /proc, compiling code under
-#   another file's name, loading bytecode itself, giving a module a class of its own;
+#   another file's name, loading bytecode itself, giving a module a class of its own; its signal
+#   handlers run through a proxy that hands them no frame (the one a signal interrupted);
 # - writes every record as one HMAC-signed line to a duplicate of the process's original stderr,
 #   taken before any workspace code ran: a pipe to the sandbox agent, where nothing written can be
 #   taken back (a file could be deleted by the code under test, which runs as the same user).
