@@ -369,7 +369,12 @@ class Grader:
         largest = max((seen[1] for seen in before.values() if seen is not None), default=0)
         after = await self._test_files(room, watched, largest + 1)
         # Changed, not gone: a task's own command may move its tests away (Harbor's verifier does).
+        # Gone is what the engine's view says is not there; one the agent cannot read (a FIFO put
+        # in its place) is a change.
         rewritten = [path for path, seen in before.items() if seen is not None and after.get(path) not in (seen, None)]
+        unread = [path for path, seen in before.items() if seen is not None and after.get(path) is None]
+        if unread:
+            rewritten += [st.path for st in await room.stat(unread) if st.exists]
         stderr = split_records(run.stderr)[1] if guard is not None else run.stderr  # the guard's records apart
         stdout = split_records(run.stdout)[1] if guard is not None else run.stdout
         if ev.report_format in OUTPUT_FORMATS:
