@@ -138,9 +138,9 @@ _MISSING = object()
 _CHECK_EVERY = 0.05  # seconds between two comparisons of every watched module
 # What a class answers a comparison with (and its bases, which decide which one answers).
 _COMPARISONS = frozenset(("__eq__", "__ne__", "__contains__", "__bases__"))
-# What is probed, and the answer no correct object gives a stranger. Not __ne__: "not
+# What is probed: no correct object says yes to a stranger there. Not __ne__: "not
 # self.__eq__(other)" says no to every stranger whose comparison is NotImplemented (pandas' dtypes).
-_PROBED = (("__eq__", True), ("__contains__", True))
+_PROBED = ("__eq__", "__contains__")
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not by C code
 _PLAIN_ANSWERS = frozenset((bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset))
 # The built-in types a stand-in answer is made from (a str that equals anything).
@@ -237,9 +237,9 @@ def _watch_class_statements():
 _EPOCH = [0]  # the number of tests run so far: the comparison wrappers forget what they showed
 
 
-def _answering(fn, bad, dunder):
-    # In place of a comparison of the agent's: the answer no correct object gives to every
-    # question (True from __eq__) is shown to the guard with the object and the function.
+def _answering(fn, dunder):
+    # In place of a comparison of the agent's: a yes (which no correct object gives to every
+    # question) is shown to the guard with the object and the function.
     audit = sys.audit
     event = _NAME + ".compared"
     truth = operator.truth
@@ -257,7 +257,7 @@ def _answering(fn, bad, dunder):
         result = fn(self, other)
         if result is not NotImplemented and result is not False:
             try:
-                said = truth(result) is bad
+                said = truth(result)
             except Exception:
                 said = False  # no truth value (an array of answers): the caller's to decide
             if said:
@@ -267,14 +267,14 @@ def _answering(fn, bad, dunder):
                 if not (shown and shown[-1] is self) and not any_(map_(is_, shown, repeat(self))):
                     if len(shown) < 64:
                         shown.append(self)
-                    audit(event, self, fn, bad, dunder)
+                    audit(event, self, fn, dunder)
         return result
 
     functools.update_wrapper(answer, fn)
     return answer
 
 
-_ANSWER_CODE = _answering(len, True, "").__code__
+_ANSWER_CODE = _answering(len, "").__code__
 
 
 def _proxy(handler, audit, event):
@@ -1284,12 +1284,12 @@ def _install(cfg):
     def probe_object(subject, tests, plain):
         """The name of what no correct object does (equal, or contain, a stranger; or not differ
         from one), or None."""
-        for compare, bad, dunder in tests:
+        for compare, dunder in tests:
             for stranger in strangers(plain, dunder != "__contains__"):
                 state["busy"] = False  # the agent's code runs: watched like anywhere else
                 try:
                     result = compare(subject, stranger)
-                    if plain_answer(result, dunder) and _truth(result) is bad:
+                    if plain_answer(result, dunder) and _truth(result):
                         return dunder
                 except Exception:
                     pass
@@ -1303,20 +1303,20 @@ def _install(cfg):
         except Exception:
             subject = None
         if subject is not None:
-            tests = ((operator.eq, True, "__eq__"), (operator.contains, True, "__contains__"))
+            tests = ((operator.eq, "__eq__"), (operator.contains, "__contains__"))
         else:
             # The functions that answer for its objects, called on a bare object (a C method refuses
             # it): one that says yes to a stranger whatever its object holds.
             subject = object()
             tests = []
             mro = _mro_of(cls)
-            for dunder, bad in _PROBED:
+            for dunder in _PROBED:
                 for base in mro:
                     fn = _type_dict(base).get(dunder)
                     if fn is not None:
                         if _type(fn) is _function:
                             fn = _function_dict(fn).get("__wrapped__", fn) if fn.__code__ is _ANSWER_CODE else fn
-                            tests.append((fn, bad, dunder))
+                            tests.append((fn, dunder))
                         break
         return probe_object(subject, tests, True)
 
@@ -1337,11 +1337,11 @@ def _install(cfg):
 
     def watch_comparisons(cls):
         own = _type_dict(cls)
-        for dunder, bad in _PROBED:
+        for dunder in _PROBED:
             fn = own.get(dunder)
             if _type(fn) is _function and fn.__code__ is not _ANSWER_CODE:
                 try:
-                    type.__setattr__(cls, dunder, _answering(fn, bad, dunder))
+                    type.__setattr__(cls, dunder, _answering(fn, dunder))
                 except Exception:
                     continue
                 answering.append((cls, own, dunder, own.get(dunder)))
@@ -1367,11 +1367,11 @@ def _install(cfg):
                 probe_classes((cls,))
                 watch_comparisons(cls)
 
-    def on_compared(subject, fn, bad, dunder):
+    def on_compared(subject, fn, dunder):
         if _id(subject) in compared:
             return
         compared.add(_id(subject))
-        found = probe_object(subject, ((fn, bad, dunder),), False)
+        found = probe_object(subject, ((fn, dunder),), False)
         if found is not None:
             report_probe(_type(subject), found)
 
@@ -1429,7 +1429,7 @@ def _install(cfg):
             elif event == _NAME + ".fixture":
                 on_fixture_write(args[0], args[1], args[2])
             elif event == _NAME + ".compared":
-                on_compared(args[0], args[1], args[2], args[3])
+                on_compared(args[0], args[1], args[2])
             elif event == _NAME + ".class":
                 on_class(args[0], args[1])
             elif event == _NAME + ".collected":
