@@ -199,7 +199,9 @@ class Grader:
             changed = [posixpath.join(ws, p) for p, e in changes.writes.items() if e.type == "file" and p not in patch_targets]
             evaluated = time.monotonic()
             try:
-                tests = sorted({*task.spec.evaluation.test_files, *task.spec.evaluation.hidden_tests, *patch_targets})
+                # Named test files (a glob names none to read), the hidden ones, the test patch's.
+                named = [p for p in task.spec.evaluation.test_files if not any(c in p for c in "*?[")]
+                tests = sorted({*named, *task.spec.evaluation.hidden_tests, *patch_targets})
                 result = await self._evaluate(
                     room, task, facts=facts, changed=changed, detected=planned.findings, test_files=tests
                 )
