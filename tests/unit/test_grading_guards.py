@@ -626,6 +626,21 @@ def test_guard_keeps_the_interrupted_frame_from_the_agents_signal_handlers(tmp_p
     assert len(log.tampering) == 1 and "a handler of signal 10 was installed past the guard" in log.tampering[0], log.tampering
 
 
+def test_guard_keeps_the_frame_from_a_library_function_the_agent_installs_as_a_handler(tmp_path: Path) -> None:
+    """A library's function that keeps its arguments (``UserDict().__setitem__``), installed by the
+    agent's code as a signal handler, stored the interrupted frame for the agent to read."""
+    evil = (
+        "import signal, time, collections\nkept = collections.UserDict()\n"
+        "def frame_kept():\n    old = signal.signal(signal.SIGALRM, kept.__setitem__)\n"
+        "    signal.setitimer(signal.ITIMER_REAL, 0.001)\n    t = time.time()\n"
+        "    while not kept and time.time() - t < 2:\n        pass\n    signal.signal(signal.SIGALRM, old)\n"
+        "    return kept[signal.SIGALRM] is not None\n"
+    )
+    tests = "import evil\n\ndef test_agents_library_handler():\n    assert not evil.frame_kept()\n"
+    log, out = run_guarded(tmp_path, evil, {"test_y.py": tests})
+    assert list(log.tests.values()) == [Outcome.PASSED], (log.tests, out)
+
+
 # -- shadowing ------------------------------------------------------------------------------------
 def snap(*paths: str) -> Snapshot:
     return Snapshot({p: Entry("file", 0o644, b"x") for p in paths})

@@ -304,6 +304,7 @@ def _signals_through_the_guard():
     get = _signal.getsignal
     audit = sys.audit
     event = _NAME + ".signalled"
+    installed = _NAME + ".signal"
 
     def unwrap(handler):
         if type(handler) is types.FunctionType and handler.__code__ is _PROXY_CODE:
@@ -312,6 +313,7 @@ def _signals_through_the_guard():
 
     def signal(signalnum, handler):
         if callable(handler) and not (type(handler) is types.FunctionType and handler.__code__ is _PROXY_CODE):
+            audit(installed, handler)  # who installs it: a library's function installed by the agent's code
             handler = _proxy(handler, audit, event)
         return unwrap(install(signalnum, handler))
 
@@ -1386,7 +1388,19 @@ def _install(cfg):
     handled = frozenset(
         [
             _NAME + e
-            for e in (".report", ".raw", ".fixture", ".compared", ".class", ".collected", ".plugin", ".set", ".end", ".signalled")
+            for e in (
+                ".report",
+                ".raw",
+                ".fixture",
+                ".compared",
+                ".class",
+                ".collected",
+                ".plugin",
+                ".set",
+                ".end",
+                ".signal",
+                ".signalled",
+            )
         ]
         + ["import", "object.__getattr__", "exec", "object.__setattr__", "object.__delattr__", "open", "compile"]
         + list(_INTROSPECTION)
@@ -1399,7 +1413,10 @@ def _install(cfg):
         signal_numbers = tuple(sorted(_signal.valid_signals()))
     except Exception:
         signal_numbers = ()
-    first_handlers = {n: installed_handler(n) for n in signal_numbers}  # the interpreter's own, before any code
+    first_handlers = {n: installed_handler(n) for n in signal_numbers}
+    agents_handlers = []  # handlers installed with the agent's code on the stack
+    _any = any
+    _repeat = itertools.repeat  # the interpreter's own, before any code
 
     def check_signals():
         # A handler set past the proxies (the original _signal.signal, from a proxy's closure).
@@ -1423,9 +1440,15 @@ def _install(cfg):
                 on_raw(args[0], args[1])
             elif event == "import":
                 watch_modules()
+            elif event == _NAME + ".signal":
+                if agent_on_stack(_getframe(1)):
+                    agents_handlers.append(args[0])
             elif event == _NAME + ".signalled":
-                if suspicious(origin(args[0])):
-                    args[1][0] = None  # the agent's handler (or one with no library behind it): no frame
+                handler = args[0]
+                if suspicious(origin(handler)) or _any(_map(_is, agents_handlers, _repeat(handler))):
+                    # The agent's handler, one with no library behind it, or one the agent's code
+                    # installed (a library's function that keeps its arguments): no frame.
+                    args[1][0] = None
             elif event == _NAME + ".fixture":
                 on_fixture_write(args[0], args[1], args[2])
             elif event == _NAME + ".compared":
