@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from helpers import BUSYBOX, FMT, PYTHON, daemon_config, eventually, running_daemon, swesmith_clone
-from rlsandbox.client import AsyncClient, FailedPreconditionError
+from rlsandbox.client import AsyncClient, FailedPreconditionError, InvalidArgumentError
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.model import image_pool_name
 from rlsandbox.daemon.runtime.docker import LABEL_POOL, DockerRuntime
@@ -122,6 +122,21 @@ async def test_images_that_cannot_be_had_are_clear_errors(node: NodeDaemon) -> N
             await client.create_session(image="rls-test/absent:nope")
         with pytest.raises(FailedPreconditionError, match="no image_pools template matches image 'elsewhere/x:1'"):
             await client.create_session(image="elsewhere/x:1")
+
+
+async def test_names_past_the_engines_length_limit_are_invalid_arguments(node: NodeDaemon, docker_runtime: DockerRuntime) -> None:
+    """Found by the API fuzzer: a 300-character image name reached the engine and came back INTERNAL.
+    The node's check agrees with the real engine at the limit, for each way the engine reads a name."""
+    import aiodocker
+
+    for longest in ("r.io:5000/" + "n" * 245, "a/" + "n" * 243, "n" * 237):
+        with pytest.raises(aiodocker.DockerError, match="no such image"):
+            await docker_runtime.docker.images.inspect(longest)  # within the limit: only absent
+        with pytest.raises(aiodocker.DockerError, match="must not be more than 255"):
+            await docker_runtime.docker.images.inspect(longest + "n")
+    async with AsyncClient(node.address, timeout=60) as client:
+        with pytest.raises(InvalidArgumentError, match="at most 255"):
+            await client.create_session(image="x" * 300)
 
 
 async def build_image(docker_runtime: DockerRuntime, tag: str, dockerfile: str, **folders: Path) -> None:

@@ -32,7 +32,26 @@ def check_image_reference(image: str) -> str:
         raise ValueError(
             f"{image[:80]!r} is not an image reference: [registry[:port]/]name[:tag][@digest], lowercase name components"
         )
+    if len(repository := _repository(image, registry)) > REPOSITORY_MAX:
+        raise ValueError(
+            f"{image[:80]!r} is not an image reference: its name, read in full as {repository[:30]!r}..., has "
+            f"{len(repository)} characters and may have at most {REPOSITORY_MAX} (the tag and digest do not count)"
+        )
     return image
+
+
+REPOSITORY_MAX = 255  # the engine's limit on the full name (distribution/reference NameTotalLengthMax)
+
+
+def _repository(image: str, registry: bool) -> str:
+    """``image``'s name in full, as the engine normalises it before its length limit applies:
+    without tag and digest, with the default registry (and "library/" for a one-part name)."""
+    named = image.partition("@")[0]
+    head, slash, last = named.rpartition("/")
+    name = f"{head}{slash}{last.partition(':')[0]}"
+    if registry:
+        return name
+    return f"docker.io/{name}" if slash else f"docker.io/library/{name}"
 
 
 def image_pool_name(image: str) -> str:
