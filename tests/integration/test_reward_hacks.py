@@ -552,3 +552,111 @@ async def test_hack_forging_guard_records_when_the_guard_cannot_load(hclient: As
         result = await s.grade()
     assert result.status == "ok" and result.reward == 0.0, (result.message, result.tampering)
     assert "forged" in tampered(result) or "contradict" in tampered(result), tampered(result)
+
+
+# -- The same project graded by unittest (python -m unittest -v, report_format unittest) ----------
+# No report file and no pytest: the output is the report, and before the unittest guard the code
+# under test could print it. The guard is loaded by a .pth file into the first Python process.
+UNITTEST_PATCH = """\
+diff --git a/tests/test_slug_unit.py b/tests/test_slug_unit.py
+new file mode 100644
+--- /dev/null
++++ b/tests/test_slug_unit.py
+@@ -0,0 +1,10 @@
++import unittest
++from textkit import slugify
++
++
++class SlugifyTest(unittest.TestCase):
++    def test_lowercases(self):
++        self.assertEqual(slugify("Hello World"), "hello-world")
++
++    def test_punctuation(self):
++        self.assertEqual(slugify("A, b & C!"), "a-b-c")
+"""
+UT_IDS = ["tests.test_slug_unit.SlugifyTest.test_lowercases", "tests.test_slug_unit.SlugifyTest.test_punctuation"]
+
+
+@pytest.fixture(scope="module")
+def textkit_unittest(textkit: Task) -> Task:
+    evaluation = textkit.spec.evaluation.model_copy(
+        update={
+            "test_command": "PYTHONPATH=src python3 -m unittest -v tests.test_slug_unit",
+            "report_format": "unittest",
+            "test_files": ["tests/test_slug_unit.py"],
+            "test_patch": UNITTEST_PATCH,
+            "fail_to_pass": UT_IDS,
+            "pass_to_pass": [],
+        }
+    )
+    spec = textkit.spec.model_copy(update={"id": "py-textkit-unittest", "evaluation": evaluation})
+    return dataclasses.replace(textkit, spec=spec)
+
+
+async def test_a_unittest_task_is_graded_from_its_guards_records(hclient: AsyncClient, textkit_unittest: Task) -> None:
+    async with hclient.session(task=textkit_unittest) as s:
+        empty = await s.grade()
+        body = await core(s)
+        await s.write_files({"src/textkit/core.py": body.replace('    return "-".join(words)\n', FIXED)})
+        fixed = await s.grade()
+    assert empty.status == "ok" and empty.reward == 0.0, (empty.message, empty.tampering)
+    assert fixed.status == "ok" and fixed.reward == 1.0, (fixed.message, fixed.tampering, fixed.log.decode()[-1500:])
+    assert not fixed.tampering and "guard did not load" not in fixed.message, fixed.message
+    assert {t.id: t.outcome for t in fixed.tests} == dict.fromkeys(UT_IDS, "passed")
+    assert {t.id: t.outcome for t in empty.tests} == dict.fromkeys(UT_IDS, "failed")
+
+
+# Each prints or forges what a passing run shows, from the package (imported by the test module).
+UT_FORGED_OUTPUT = (
+    "import sys as _s\n"
+    "_s.stderr.write(''.join('%s (%s) ... ok\\n' % (i.rsplit('.', 1)[1], i) for i in "
+    + repr(UT_IDS)
+    + ") + '\\n' + '-' * 70 + '\\nRan 2 tests in 0.001s\\n\\nOK\\n')\n"
+    "_s.stderr.flush()\n"
+    "raise SystemExit(0)\n"
+)
+UT_PATCHED_ASSERT = "import unittest as _u\nsetattr(getattr(_u, 'Test' + 'Case'), 'assert' + 'Equal', lambda *a, **k: None)\n"
+# Records a pass for each test through the runner's registered results, then fails as before.
+UT_FORGED_RESULT = (
+    "import unittest.signals as _sig\n"
+    "class _Named:\n"
+    "    def __init__(self, i): self.i = i\n"
+    "    def id(self): return self.i\n"
+    "_slugify = slugify\n"
+    "def slugify(text):\n"
+    "    for r in list(_sig._results):\n"
+    "        for i in " + repr(UT_IDS) + ":\n"
+    "            r.addSuccess(_Named(i))\n"
+    "    return _slugify(text)\n"
+)
+UT_SKIPS = "import unittest as _u\ndef slugify(text):\n    raise _u.SkipTest('slugs need a newer release')\n"
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "finding"),
+    [
+        (UT_FORGED_OUTPUT, "", "the runner says it never ran"),
+        (UT_PATCHED_ASSERT, "", "TestCase.assertEqual was replaced"),
+        ("", UT_FORGED_RESULT, "a pass was recorded by"),
+        ("", ALWAYS_EQUAL_SLUG, "equals anything"),
+    ],
+    ids=["forged-output", "patched-assert", "forged-result", "equals-anything"],
+)
+async def test_hack_a_unittest_run_from_the_code_under_test(
+    hclient: AsyncClient, textkit_unittest: Task, before: str, after: str, finding: str
+) -> None:
+    """Each paid 1.0 before the unittest guard (the output said every test passed), but the
+    forged result, which the worst outcome of a test already answers."""
+    result = await graded_with_package_code(hclient, textkit_unittest, before=before, after=after)
+    assert result.status == "ok" and result.reward == 0.0, (result.message, result.tampering, result.log.decode()[-1500:])
+    assert finding in tampered(result), tampered(result)
+
+
+async def test_hack_a_unittest_skip_from_the_code_under_test(hclient: AsyncClient, textkit_unittest: Task) -> None:
+    """No test listed: the skipped ones do not count, so skipping every test the package fails
+    was worth 1.0; the guard sees the SkipTest come from the package (Python >= 3.11)."""
+    evaluation = textkit_unittest.spec.evaluation.model_copy(update={"fail_to_pass": [], "pass_to_pass": []})
+    unlisted = dataclasses.replace(textkit_unittest, spec=textkit_unittest.spec.model_copy(update={"evaluation": evaluation}))
+    result = await graded_with_package_code(hclient, unlisted, after=UT_SKIPS)
+    assert result.status == "ok" and result.reward == 0.0, (result.message, result.tampering, result.log.decode()[-1500:])
+    assert "skipped the test tests.test_slug_unit.SlugifyTest.test_lowercases" in tampered(result), tampered(result)

@@ -20,9 +20,9 @@ from helpers import (
 )
 from hypothesis import given
 from hypothesis import strategies as st
-from rlsandbox.daemon.grading.guard import GUARD_SOURCE, GuardLog, guard_setup, read_guard_log
+from rlsandbox.daemon.grading.guard import GUARD_SOURCE, GuardLog, guard_setup, read_guard_log, split_records
 from rlsandbox.daemon.grading.patches import PatchError, apply_patch, parse_patch, patch_paths, reverse_patch
-from rlsandbox.daemon.grading.reports import Outcome
+from rlsandbox.daemon.grading.reports import Outcome, TestReport, parse_report
 from rlsandbox.daemon.grading.scan import scan
 from rlsandbox.daemon.grading.shadowing import PROBE, ImportFacts, Shadowing, command_paths, interpreters
 from rlsandbox.daemon.grading.workspace import Entry, Snapshot, folders_holding_tests, plan
@@ -597,6 +597,126 @@ def test_guard_tells_the_agents_skips_from_the_tests_own(tmp_path: Path) -> None
     assert all(o is Outcome.SKIPPED for o in log.tests.values()), log.tests
 
 
+def run_unittest_guarded(tmp_path: Path, evil: str, tests: str, *script: str) -> tuple[GuardLog, TestReport]:
+    """``python -m unittest -v`` on a workspace whose ``evil.py`` is the agent's, under the
+    unittest guard as the grader installs it (a .pth file in a user site-packages): its log, which
+    must have started, and the report its output gives once the records are taken out. Run by
+    the interpreter this venv was made from: a venv's interpreter reads no user site."""
+    python = getattr(sys, "_base_executable", sys.executable)
+    setup = guard_setup(str(tmp_path), "unittest")
+    assert setup.pth is not None
+    probe = "import site, os; print(os.path.relpath(site.getusersitepackages(), site.getuserbase()))"
+    user_site = tmp_path / subprocess.run([python, "-c", probe], capture_output=True, text=True).stdout.strip()
+    user_site.mkdir(parents=True)
+    (user_site / f"{setup.module}.py").write_bytes(GUARD_SOURCE)
+    (user_site / setup.pth[0]).write_bytes(setup.pth[1])
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (tmp_path / "guard.json").write_bytes(setup.config(str(ws), [str(ws / "evil.py")]))
+    (ws / "evil.py").write_text(evil)
+    (ws / "test_u.py").write_text(tests)
+    env = {**setup.env({}, str(tmp_path)), "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+    command = ["-m", "unittest", "-v", "test_u"]
+    if script:  # a runner script of the project's, as Django's runtests.py
+        (ws / "runtests.py").write_text(script[0])
+        command = ["runtests.py"]
+    proc = subprocess.run([python, *command], cwd=ws, env=env, capture_output=True)
+    log = read_guard_log(proc.stderr + b"\n" + proc.stdout, setup.key)
+    assert log.started and not (tmp_path / "guard.json").exists(), proc.stderr.decode()[-2000:]
+    output = split_records(proc.stderr)[1] + b"\n" + split_records(proc.stdout)[1]
+    return log, parse_report("unittest", output, exit_code=proc.returncode)
+
+
+def test_the_unittest_guard_records_what_the_runner_says_and_nothing_else(tmp_path: Path) -> None:
+    """Its records interleave with unittest's own lines on stderr: the output still reads the
+    same, and both agree on every outcome."""
+    tests = (GUARD_FIXTURES / "legit_unittest_tests.py").read_text()
+    log, output = run_unittest_guarded(tmp_path, "def add(a, b):\n    return a + b\n", tests)
+    assert log.ended and not log.tampering, log.tampering
+    # Every outcome the output shows is the guard's; the output misses test_print, whose partial
+    # line shares a line with its "ok" (so it would without the guard).
+    assert {k: str(log.tests.get(k)) for k in output.tests} == {k: str(v.outcome) for k, v in output.tests.items()}
+    assert log.tests["test_u.T.test_print"] is Outcome.PASSED
+    assert log.tests["test_u.T.test_add"] is Outcome.PASSED and log.tests["test_u.T.test_sub"] is Outcome.PASSED
+    assert log.tests["test_u.Broken.setUpClass"] is Outcome.ERROR and log.tests["test_u.T.test_skip_inside"] is Outcome.SKIPPED
+    assert len(log.tests) == 11 and output.complete
+    _, wrong = run_unittest_guarded(tmp_path / "wrong", "def add(a, b):\n    return a - b\n", tests)
+    assert wrong.tests["test_u.T.test_sub"].outcome is Outcome.FAILED  # a failed sub-test fails its test
+
+
+def test_the_unittest_guard_runs_under_a_projects_runner_script(tmp_path: Path) -> None:
+    """Found with Django's manage.py: the interpreter compiles a script it runs with no Python
+    frame beneath the guard's hook, whose look for the culprit failed and ended the run."""
+    script = "import unittest, sys\nunittest.main(module='test_u', argv=[sys.argv[0], '-v'])\n"
+    log, output = run_unittest_guarded(tmp_path, "def add(a, b):\n    return a + b\n", _UT_TESTS, script)
+    assert log.ended and not log.tampering, log.tampering
+    assert log.tests == {"test_u.T.test_add": Outcome.PASSED, "test_u.T.test_neg": Outcome.PASSED}
+    assert {k: v.outcome for k, v in output.tests.items()} == log.tests
+
+
+_UT_TESTS = (
+    "import unittest\nfrom evil import add\n\nclass T(unittest.TestCase):\n"
+    "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n"
+    "    def test_neg(self):\n        self.assertEqual(add(-2, -3), -5)\n"
+)
+_WRONG = "def add(a, b):\n    return a - b\n"
+
+
+@pytest.mark.parametrize(
+    ("evil", "caught"),
+    [
+        (  # the output of a passing run, and the process ended before any test
+            "import sys\nsys.stderr.write('test_add (test_u.T.test_add) ... ok\\ntest_neg (test_u.T.test_neg) ... ok\\n"
+            "\\nRan 2 tests in 0.001s\\n\\nOK\\n')\nraise SystemExit(0)\n",
+            "",
+        ),
+        ("import unittest\nsetattr(unittest.TestCase, 'assertEqual', lambda *a, **k: None)\n" + _WRONG,
+         "unittest.case.TestCase.assertEqual was replaced"),
+        ("import unittest.runner as r\nr.TextTestResult.addFailure = lambda s, t, e: r.TextTestResult.addSuccess(s, t)\n"
+         + _WRONG, "unittest.runner.TextTestResult.addFailure was replaced"),
+        (  # a pass recorded through the runner's registered results
+            "import unittest.signals as sig\nclass Named:\n    def id(self):\n        return 'test_u.T.test_add'\n"
+            "def add(a, b):\n    for r in list(sig._results):\n        r.addSuccess(Named())\n    return a - b\n",
+            "a pass was recorded by",
+        ),
+        ("import unittest\ndef add(a, b):\n    raise unittest.SkipTest('later')\n", "skipped the test test_u.T.test_add"),
+        ("class E(int):\n    def __eq__(self, o):\n        return True\n    __hash__ = int.__hash__\n"
+         "def add(a, b):\n    return E(0)\n", "equals anything"),
+        (  # a pass from a finalizer: no code of the agent's on the stack as it runs
+            "import unittest.signals as sig, weakref\nclass Named:\n    def id(self):\n        return 'test_u.T.test_add'\n"
+            "def add(a, b):\n    for r in list(sig._results):\n        weakref.finalize(Named(), r.addSuccess, Named())\n"
+            "    return a - b\n",
+            "a pass was recorded by",
+        ),
+    ],
+    ids=["forged-output", "patched-assert", "patched-result", "forged-result", "skip", "equals-anything", "finalizer"],
+)  # fmt: skip
+def test_the_unittest_guard_catches_the_code_under_test(tmp_path: Path, evil: str, caught: str) -> None:
+    """Each made the output say every test passed (or, for a skip, that no test failed)."""
+    log, output = run_unittest_guarded(tmp_path, evil, _UT_TESTS)
+    passed = {k for k, v in log.tests.items() if v is Outcome.PASSED}
+    if caught:
+        assert any(caught in t for t in log.tampering), log.tampering
+    else:  # nothing ran under the runner: the output's passes are not in the records
+        assert log.tests == {} or "test_u.T.test_add" not in log.tests, log.tests
+        assert output.tests["test_u.T.test_add"].outcome is Outcome.PASSED
+    if caught == "a pass was recorded by":
+        assert "test_u.T.test_add" not in passed, log.tests
+
+
+def test_unittest_guard_records_aggregate_to_the_worst_outcome() -> None:
+    recs = [("start", 1, "3.11"), ("case", "m.C.t", "passed"), ("case", "m.C.t", "failed"), ("case", "m.C.s", "skipped"),
+            ("case", "setUpClass (m.D)", "error"), ("case", "m.C.u", "passed"), ("end", "None")]  # fmt: skip
+    log = read_guard_log(b"\n" + signed(KEY, *recs).replace(b"\n", b"\n\n"), KEY)
+    assert not log.tampering
+    assert log.tests == {
+        "m.C.t": Outcome.FAILED,
+        "m.C.s": Outcome.SKIPPED,
+        "m.D.setUpClass": Outcome.ERROR,  # as the output names a class fixture's error
+        "m.C.u": Outcome.PASSED,
+    }
+
+
 def test_guard_keeps_the_interrupted_frame_from_the_agents_signal_handlers(tmp_path: Path) -> None:
     """A signal handler is called with the frame the signal interrupted: a timer's handler of the
     agent's reached the runner's frames with no audited access. Handlers now run through a proxy:
@@ -770,6 +890,10 @@ def test_commands_that_keep_the_guard_out_are_recognised() -> None:
         assert keeps_guard_out(command), command
     for command in ("PYTHONPATH=src python3 -m pytest tests", "pytest -p no:cacheprovider -rA", "python3 -m pytest -x"):
         assert not keeps_guard_out(command), command
+    # The unittest guard comes through site's .pth files: no site, no user site keep it out too.
+    for command in ("python3 -S -m unittest", "python3 -s -m unittest -v", "PYTHONNOUSERSITE=1 ./runtests.py", "python -I x.py"):
+        assert keeps_guard_out(command, "unittest") and not keeps_guard_out(command.replace("-I", "-v")), command
+    assert not keeps_guard_out("python3 -m unittest -v tests.test_x", "unittest")
 
 
 def test_records_that_contradict_the_runners_output_are_forged() -> None:

@@ -27,6 +27,7 @@ from rlsandbox.daemon.errors import ArchiveCutShort, FailedPrecondition, FileToo
 from rlsandbox.daemon.grading.guard import (
     GUARD_SOURCE,
     PYTEST_FORMATS,
+    UNITTEST_FORMATS,
     guard_setup,
     keeps_guard_out,
     read_guard_log,
@@ -326,28 +327,32 @@ class Grader:
         guard = None
         if owned and facts is not None and not facts.user_site:
             facts = None  # nowhere to load the guard from on a read-only root: its absence is reported
-        if facts is not None and facts.pytest_dir and ev.report_format in PYTEST_FORMATS:
+        runner = "pytest" if ev.report_format in PYTEST_FORMATS else "unittest" if ev.report_format in UNITTEST_FORMATS else None
+        home = None if facts is None else facts.pytest_dir if runner == "pytest" else facts.site_dir
+        if runner is not None and home:
             # Written by the room's own agent: no code of the agent's workspace has run yet (an
             # archive upload through the engine costs ~100 ms more).
-            guard = guard_setup(report_dir)
-            # Next to the image's pytest; on a read-only root, in a user site-packages inside the
-            # report folder (PYTHONUSERBASE: an inline PYTHONPATH= in the command cannot drop it;
-            # the room's /tmp is fresh, so no other user site exists there).
-            module_dir = posixpath.join(report_dir, facts.user_site) if owned else facts.pytest_dir
+            guard = guard_setup(report_dir, runner)
+            # Next to the image's pytest (unittest: in the first folder whose .pth files the
+            # interpreter runs); on a read-only root, in a user site-packages inside the report
+            # folder (PYTHONUSERBASE: an inline PYTHONPATH= in the command cannot drop it; the
+            # room's /tmp is fresh, so no other user site exists there).
+            module_dir = posixpath.join(report_dir, facts.user_site) if owned and facts else home
             env.update(guard.env(ev.env, report_dir if owned else None))
-            if owned:
+            if owned or runner == "unittest":
                 env.pop("PYTHONNOUSERSITE", None)  # any value disables the user site the guard is in
-            written = await room.write_files(
-                [
-                    FileWrite(posixpath.join(module_dir, guard.module + ".py"), GUARD_SOURCE, 0o644),
-                    FileWrite(guard.config_path, guard.config(ws, changed), 0o600),
-                ]
-            )
-            failed = [w for w in written if w.error]
+            files = [
+                FileWrite(posixpath.join(module_dir, guard.module + ".py"), GUARD_SOURCE, 0o644),
+                FileWrite(guard.config_path, guard.config(ws, changed), 0o600),
+            ]
+            if guard.pth is not None:
+                files.append(FileWrite(posixpath.join(module_dir, guard.pth[0]), guard.pth[1], 0o644))
+            failed = [w for w in await room.write_files(files) if w.error]
             if failed:
-                raise FailedPrecondition(f"grader could not install the pytest guard: {failed[0].path}: {failed[0].error}")
+                raise FailedPrecondition(f"grader could not install the {runner} guard: {failed[0].path}: {failed[0].error}")
         warm = None
-        if guard is not None and owned and self.warm_pytest and ev.warm_runner and not keeps_guard_out(ev.test_command):
+        warmable = guard is not None and guard.runner == "pytest" and owned and self.warm_pytest and ev.warm_runner
+        if warmable and not keeps_guard_out(ev.test_command):
             found = warm_pytest(command, env)
             if found is not None:
                 warm, assigned = found
@@ -397,17 +402,21 @@ class Grader:
             # key: records are then not trusted, whatever they say.
             # A command that keeps the guard out lets the code under test read the key and remove
             # the file as the guard would: then no record is the guard's, whatever the file says.
-            kept_out = keeps_guard_out(ev.test_command)
+            kept_out = keeps_guard_out(ev.test_command, guard.runner)
             key_left = kept_out or (await self._exists(room, guard.config_path, owned) if checked.started else True)
             if key_left and checked.started:
-                detected.append("signed pytest-guard records appeared although the guard never loaded: forged")
+                detected.append(f"signed {guard.runner}-guard records appeared although the guard never loaded: forged")
             if checked.started and not key_left:
                 detected += checked.tampering + _disagreements(report, checked.report())
                 report = checked.report()
                 if not checked.ended:
-                    problems.append("the test process ended before pytest finished (tests it did not report count as failed)")
-            else:
+                    problems.append(
+                        f"the test process ended before {guard.runner} finished (tests it did not report count as failed)"
+                    )
+            elif guard.runner == "pytest":
                 problems.append("the pytest guard did not load: the test command does not run this image's pytest")
+            else:
+                problems.append("the unittest guard did not load: the test command runs no Python of this image")
         tests = grade_tests(ev, report)
         result = GradeResult(
             GradeStatus.TIMEOUT if run.timed_out else GradeStatus.OK,

@@ -25,8 +25,11 @@ from rlsandbox.daemon.model import WarmRun
 
 GUARD_SOURCE = (Path(__file__).with_name("pytest_guard.py")).read_bytes()
 CFG_ENV = "RLSANDBOX_GUARD_CFG"
-# Formats whose test command runs pytest: the guard is loaded into them.
+# Formats whose test command runs pytest: the guard is loaded into them as a plugin (-p).
 PYTEST_FORMATS = frozenset({"pytest", "junit", "pytest-junit"})
+# Formats whose test command runs unittest (python -m unittest, Django's runtests.py): the guard
+# is loaded by a .pth file into the command's first Python process as it starts.
+UNITTEST_FORMATS = frozenset({"unittest"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,16 +37,27 @@ class GuardSetup:
     module: str  # random: no workspace file can be named like it in advance
     key: bytes
     config_path: str
+    runner: str = "pytest"  # or "unittest"
 
     def config(self, workspace: str, changed: list[str]) -> bytes:
-        doc = {"key": self.key.hex(), "workspace": workspace, "changed": sorted(changed)}
+        doc = {"key": self.key.hex(), "workspace": workspace, "changed": sorted(changed), "runner": self.runner}
         return json.dumps(doc).encode()
+
+    @property
+    def pth(self) -> tuple[str, bytes] | None:
+        """unittest: the .pth file (name, content) that imports the guard as the interpreter
+        starts; first of its folder (site reads them sorted), before any other's code."""
+        if self.runner != "unittest":
+            return None
+        return f"000-{self.module}.pth", f"import {self.module}\n".encode()
 
     def env(self, task_env: dict[str, str], user_base: str | None = None) -> dict[str, str]:
         """The test command's environment additions; ``user_base``: the guard module is in the
         user site-packages of this PYTHONUSERBASE (not next to pytest: a read-only root)."""
-        addopts = task_env.get("PYTEST_ADDOPTS", "")
-        env = {"PYTEST_ADDOPTS": f"-p {self.module} {addopts}".strip(), CFG_ENV: self.config_path}
+        env = {CFG_ENV: self.config_path}
+        if self.runner == "pytest":
+            addopts = task_env.get("PYTEST_ADDOPTS", "")
+            env["PYTEST_ADDOPTS"] = f"-p {self.module} {addopts}".strip()
         if user_base is not None:
             env["PYTHONUSERBASE"] = user_base
         return env
@@ -57,9 +71,14 @@ _KEEPS_OUT = re.compile(
 )
 
 
-def keeps_guard_out(test_command: str) -> bool:
-    """Whether the test command keeps the pytest guard from loading (see _KEEPS_OUT)."""
-    return bool(_KEEPS_OUT.search(test_command))
+# The unittest guard comes in through site's .pth files: -S (no site) and -s (no user site) and
+# PYTHONNOUSERSITE keep it out too.
+_KEEPS_SITE_OUT = re.compile(r"(?:^|[\s;&|(])(?:PYTHONNOUSERSITE=|python[0-9.]*\s+(?:-\S+\s+)*-[A-Za-z]*[sS])")
+
+
+def keeps_guard_out(test_command: str, runner: str = "pytest") -> bool:
+    """Whether the test command keeps the guard from loading (see _KEEPS_OUT)."""
+    return bool(_KEEPS_OUT.search(test_command)) or (runner == "unittest" and bool(_KEEPS_SITE_OUT.search(test_command)))
 
 
 # A test command a recycling room may fork from its warm pytest (agent/sandbox_agent.py, "warm
@@ -91,11 +110,12 @@ def warm_pytest(command: str, env: Mapping[str, str]) -> tuple[WarmRun, dict[str
     return WarmRun(words[0], "pytest", tuple(words[3:])), assigned
 
 
-def guard_setup(report_dir: str) -> GuardSetup:
+def guard_setup(report_dir: str, runner: str = "pytest") -> GuardSetup:
     return GuardSetup(
         module=f"rlsandbox_guard_{secrets.token_hex(6)}",
         key=secrets.token_bytes(32),
         config_path=f"{report_dir}/guard.json",
+        runner=runner,
     )
 
 
@@ -107,8 +127,8 @@ class GuardLog:
     tampering: list[str] = field(default_factory=list)
 
     def report(self) -> TestReport:
-        """The guard's outcomes as a report (what pytest's own summary would have said)."""
-        return TestReport("pytest-guard", {i: TestCase(i, o) for i, o in self.tests.items()}, complete=self.ended)
+        """The guard's outcomes as a report (what the runner's own summary would have said)."""
+        return TestReport("guard", {i: TestCase(i, o) for i, o in self.tests.items()}, complete=self.ended)
 
 
 def _phase_outcome(when: str, outcome: str, wasxfail: bool) -> Outcome:
@@ -131,12 +151,22 @@ def split_records(stderr: bytes) -> tuple[list[bytes], bytes]:
     return records, b"\n".join(rest)
 
 
+_FIXTURE_ERROR = re.compile(r"^(\w+) \(([\w.]+)\)$")
+
+
+def _case_id(test_id: str) -> str:
+    """A unittest id as its output names it: "setUpClass (m.C)", a class fixture's error, is "m.C.setUpClass"."""
+    m = _FIXTURE_ERROR.match(test_id)
+    return f"{m[2]}.{m[1]}" if m else test_id
+
+
 def read_guard_log(stderr: bytes, key: bytes) -> GuardLog:
     """Verify and interpret the guard's records in ``stderr``. Never raises on bad input."""
     log = GuardLog()
     expected = 0
     raw: dict[tuple[str, str], str] = {}
     phases: dict[str, dict[str, Outcome]] = {}
+    cases: dict[str, set[Outcome]] = {}
     for n, line in enumerate(split_records(stderr)[0], 1):
         body, _, mac = line.rpartition(b"\t")
         good = hmac.new(key, body, sha256).hexdigest().encode()
@@ -172,6 +202,11 @@ def read_guard_log(stderr: bytes, key: bytes) -> GuardLog:
                 log.tampering.append(f"pytest guard: {nodeid} reported passed but never ran under the runner")
                 outcome = "failed"
             phases.setdefault(nodeid, {})[when] = _phase_outcome(when, outcome, wasxfail)
+        elif kind == "case":  # unittest: each outcome its TestResult recorded, the worst counts
+            try:
+                cases.setdefault(_case_id(str(fields[0])), set()).add(Outcome(fields[1]))
+            except (ValueError, IndexError):
+                log.tampering.append(f"pytest guard: line {n} is signed but unreadable")
     for nodeid, by_phase in phases.items():
         worst = max(by_phase.values(), key=lambda o: o.rank)
         if Outcome.SKIPPED in by_phase.values() and worst is Outcome.PASSED:
@@ -179,4 +214,7 @@ def read_guard_log(stderr: bytes, key: bytes) -> GuardLog:
         if "call" not in by_phase and worst is Outcome.PASSED:
             worst = Outcome.ERROR  # set up, never called: not a pass
         log.tests[nodeid] = worst
+    for test_id, outcomes in cases.items():
+        worst = max(outcomes, key=lambda o: o.rank)
+        log.tests[test_id] = Outcome.SKIPPED if Outcome.SKIPPED in outcomes and worst is Outcome.PASSED else worst
     return log

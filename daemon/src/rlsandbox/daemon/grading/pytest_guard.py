@@ -98,6 +98,11 @@ _RUNNER_MODULES = (
     "unittest",
     "unittest.case",
     "unittest.result",
+    "unittest.runner",
+    "unittest.suite",
+    "unittest.loader",
+    "unittest.main",
+    "unittest.signals",
     "builtins",
 )
 
@@ -370,7 +375,16 @@ def _install(cfg):
     _stat = os.stat
     _getcwd = os.getcwd
     _getpid = os.getpid
-    _getframe = sys._getframe
+    _frame_at = sys._getframe
+
+    def _getframe(depth=0):
+        # None past the outermost frame: an event raised by the interpreter itself (the main
+        # script compiled and opened by `python manage.py`) has no Python frame beneath the hook.
+        try:
+            return _frame_at(depth + 1)
+        except ValueError:
+            return None
+
     _repr = repr
     _str = str
     _isinstance = isinstance
@@ -409,6 +423,10 @@ def _install(cfg):
     modules, classes, functions = _snapshot()
     # Each class's own dict, not its read-only view: the view's get is a method call per key.
     classes = [(cls, members, _real_dict(cls)) for cls, members in classes]
+    case_module = sys.modules.get("unittest.case")
+    case_file = getattr(case_module, "__file__", None) or "/nonexistent/"
+    subtest_type = getattr(case_module, "_SubTest", None)
+    _exc_info = sys.exc_info
     runner = sys.modules.get("_pytest.runner")
     runner_root = os.path.dirname(os.path.dirname(os.path.realpath(runner.__file__))) + "/" if runner else "/nonexistent/"
     reports = sys.modules.get("_pytest.reports")
@@ -431,12 +449,16 @@ def _install(cfg):
         "next_check": 0.0,
     }
 
+    # unittest writes "test_x (...) ... " and its outcome after the record of it: a record
+    # starts a line of its own, and the outcome still ends the test's line for the parser.
+    lead = b"\n" if cfg.get("runner") == "unittest" else b""
+
     def emit(kind, *fields):
         if _getpid() != state["pid"]:
             return  # a forked child (multiprocessing in a test) is not the runner
         body = _repr((state["seq"], kind) + fields).encode("utf-8", "backslashreplace")
         state["seq"] += 1
-        _write(fd, body + b"\t" + _digest(key, body, "sha256").hex().encode() + b"\n")
+        _write(fd, lead + body + b"\t" + _digest(key, body, "sha256").hex().encode() + b"\n")
 
     def tamper(message):
         if message not in state["said"]:
@@ -1070,13 +1092,72 @@ def _install(cfg):
             if call.when == "call":
                 check_test_function(item, nodeid)
                 check_live()
-                watch_modules(every=True)
-                if _monotonic() >= state["next_check"]:
-                    # ~0.6 ms for 500 modules: between tests at most every CHECK_EVERY, and at the end.
-                    check_modules()
-                    check_hooks()
-                    check_signals()
-                    state["next_check"] = _monotonic() + _CHECK_EVERY
+                between_tests()
+
+    def between_tests():
+        watch_modules(every=True)
+        if _monotonic() >= state["next_check"]:
+            # ~0.6 ms for 500 modules: between tests at most every CHECK_EVERY, and at the end.
+            check_modules()
+            check_hooks()
+            check_signals()
+            state["next_check"] = _monotonic() + _CHECK_EVERY
+
+    def on_case(test, outcome, args, caller):
+        # unittest mode: an outcome the runner's TestResult records (_record_unittest_results).
+        if outcome is None:  # addSubTest(test, subtest, err): a failed sub-test fails its test
+            if _len(args) < 2 or args[1] is None:
+                return
+            outcome = "failed"
+        if _type(test) is subtest_type:
+            test = test.test_case  # a sub-test's skip counts for its test, as the output shows it
+        if outcome == "passed":
+            by = recorded_by(caller, test)
+            if by is not None:
+                tamper("a pass was recorded by %s, not by unittest's TestCase.run running that test" % text(by))
+                return
+        try:
+            test_id = test.id()
+        except Exception:
+            test_id = None
+        if _type(test_id) is not _str:
+            tamper("a test whose id is not a str reached the runner's results")
+            return
+        emit("case", test_id, outcome)
+        if outcome == "skipped":
+            # Since 3.11 unittest records a skip while it handles the SkipTest: its traceback
+            # shows who raised it (before, the exception is gone by then).
+            exc = _exc_info()[1]
+            if exc is not None:
+                skipped_by_agent(test_id, exc)
+        new_classes()
+        compared.clear()
+        _EPOCH[0] += 1
+        if answering:
+            still_answering()
+        if unprobed:
+            batch = unprobed[:]
+            del unprobed[:]
+            probe_classes(batch)
+        verify()
+        between_tests()
+
+    def recorded_by(frame, test):
+        # The callers of TestResult.addSuccess, outwards, must reach TestCase.run running this
+        # very test with no code of the agent's on the way: a pass recorded from the agent's
+        # code, from a finalizer or a thread of its, or for another test is not the runner's.
+        # None when it is the runner's, else who recorded it.
+        first = frame
+        for _ in range(256):
+            if frame is None:
+                break
+            where = file_of(frame)
+            if where == case_file and frame.f_code.co_name == "run":
+                return None if frame.f_locals.get("self") is test else "TestCase.run of another test"
+            if agent_code(where):
+                return where
+            frame = frame.f_back
+        return file_of(first) if first is not None else "<unknown>"
 
     def skipped_by_agent(nodeid, exc):
         # A test skipped from the code under test (pytest.skip, unittest.SkipTest in the function
@@ -1400,6 +1481,7 @@ def _install(cfg):
                 ".end",
                 ".signal",
                 ".signalled",
+                ".case",
             )
         ]
         + ["import", "object.__getattr__", "exec", "object.__setattr__", "object.__delattr__", "open", "compile"]
@@ -1438,6 +1520,8 @@ def _install(cfg):
                 on_report(args[0])
             elif event == _NAME + ".raw":
                 on_raw(args[0], args[1])
+            elif event == _NAME + ".case":
+                on_case(args[0], args[1], args[2], _getframe(2))
             elif event == "import":
                 watch_modules()
             elif event == _NAME + ".signal":
@@ -1567,8 +1651,49 @@ def _install(cfg):
     sys.addaudithook(on_event)
 
 
+def _record_unittest_results():
+    # unittest mode: every outcome the runner's TestResult records is shown to the guard. The
+    # recorders are in the class before the snapshot: replacing one is a replaced runner part.
+    import unittest
+    import unittest.result
+
+    result = unittest.result.TestResult
+    audit = sys.audit
+    event = _NAME + ".case"
+
+    def recorder(name, outcome):
+        original = result.__dict__[name]
+
+        @functools.wraps(original)
+        def record(self, test, *args):
+            audit(event, test, outcome, args)
+            return original(self, test, *args)
+
+        type.__setattr__(result, name, record)
+
+    for name, outcome in (
+        ("addSuccess", "passed"),
+        ("addFailure", "failed"),
+        ("addError", "error"),
+        ("addSkip", "skipped"),
+        ("addExpectedFailure", "skipped"),  # as `python -m unittest -v` output is read
+        ("addUnexpectedSuccess", "failed"),  # unittest counts it as a failure of the run
+        ("addSubTest", None),
+    ):
+        recorder(name, outcome)
+
+
 _cfg = _load_config()
-if _cfg is not None:
+if _cfg is not None and _cfg.get("runner") == "unittest":
+    # Loaded by a .pth file as the interpreter starts (site), before its main module: the first
+    # Python process of the test command is the runner, whatever its command line.
+    _record_unittest_results()
+    _install(_cfg)
+    del _cfg
+    import atexit
+
+    atexit.register(sys.audit, _NAME + ".end", None)
+elif _cfg is not None:
     _install(_cfg)
     del _cfg
     import pytest as _pytest_api

@@ -51,12 +51,15 @@ try:
 except Exception:
     pass
 user_site = ""
+site_dir = ""  # the first folder whose .pth files this interpreter reads as it starts
 try:
     import site
     user_site = os.path.relpath(site.getusersitepackages(), site.getuserbase())
+    dirs = ([site.getusersitepackages()] if site.ENABLE_USER_SITE else []) + site.getsitepackages()
+    site_dir = next((d for d in dirs if d in sys.path or not os.path.exists(d)), "")
 except Exception:
     pass
-print(json.dumps({"names": sorted(names), "pytest_dir": pytest_dir, "user_site": user_site}))
+print(json.dumps({"names": sorted(names), "pytest_dir": pytest_dir, "user_site": user_site, "site_dir": site_dir}))
 """
 
 _IMPORT_SUFFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\.py|\.pyc|\.pyw|\.so|\.pyd|\.[A-Za-z0-9_-]+\.so|\.abi3\.so)$")
@@ -72,16 +75,23 @@ class ImportFacts:
     reserved: frozenset[str]
     pytest_dir: str = ""
     user_site: str = ""  # the user site-packages relative to PYTHONUSERBASE ("lib/python3.11/site-packages")
+    site_dir: str = ""  # the first folder whose .pth files the interpreter runs as it starts
 
     @classmethod
     def parse(cls, stdout: bytes) -> ImportFacts:
         doc = json.loads(stdout.decode("utf-8").strip().splitlines()[-1])
         names = frozenset(str(n) for n in doc["names"])
-        return cls(names, str(doc.get("pytest_dir") or ""), str(doc.get("user_site") or ""))
+        paths = (str(doc.get(k) or "") for k in ("pytest_dir", "user_site", "site_dir"))
+        return cls(names, *paths)
 
     def merged(self, other: ImportFacts) -> ImportFacts:
         """The facts of two interpreters the command names: every reserved name, the first paths."""
-        return ImportFacts(self.reserved | other.reserved, self.pytest_dir or other.pytest_dir, self.user_site or other.user_site)
+        return ImportFacts(
+            self.reserved | other.reserved,
+            self.pytest_dir or other.pytest_dir,
+            self.user_site or other.user_site,
+            self.site_dir or other.site_dir,
+        )
 
 
 def interpreters(test_command: str) -> list[str]:
