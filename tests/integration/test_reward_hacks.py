@@ -562,12 +562,15 @@ diff --git a/tests/test_slug_unit.py b/tests/test_slug_unit.py
 new file mode 100644
 --- /dev/null
 +++ b/tests/test_slug_unit.py
-@@ -0,0 +1,10 @@
+@@ -0,0 +1,13 @@
 +import unittest
 +from textkit import slugify
 +
 +
 +class SlugifyTest(unittest.TestCase):
++    def test_a_callable(self):
++        self.assertTrue(callable(slugify))
++
 +    def test_lowercases(self):
 +        self.assertEqual(slugify("Hello World"), "hello-world")
 +
@@ -602,8 +605,8 @@ async def test_a_unittest_task_is_graded_from_its_guards_records(hclient: AsyncC
     assert empty.status == "ok" and empty.reward == 0.0, (empty.message, empty.tampering)
     assert fixed.status == "ok" and fixed.reward == 1.0, (fixed.message, fixed.tampering, fixed.log.decode()[-1500:])
     assert not fixed.tampering and "guard did not load" not in fixed.message, fixed.message
-    assert {t.id: t.outcome for t in fixed.tests} == dict.fromkeys(UT_IDS, "passed")
-    assert {t.id: t.outcome for t in empty.tests} == dict.fromkeys(UT_IDS, "failed")
+    assert {t.id: t.outcome for t in fixed.tests if t.id in UT_IDS} == dict.fromkeys(UT_IDS, "passed")
+    assert {t.id: t.outcome for t in empty.tests if t.id in UT_IDS} == dict.fromkeys(UT_IDS, "failed")
 
 
 # Each prints or forges what a passing run shows, from the package (imported by the test module).
@@ -660,3 +663,28 @@ async def test_hack_a_unittest_skip_from_the_code_under_test(hclient: AsyncClien
     result = await graded_with_package_code(hclient, unlisted, after=UT_SKIPS)
     assert result.status == "ok" and result.reward == 0.0, (result.message, result.tampering, result.log.decode()[-1500:])
     assert "skipped the test tests.test_slug_unit.SlugifyTest.test_lowercases" in tampered(result), tampered(result)
+
+
+# Ends the test process with the first test that calls it: the test before it passed.
+KILLS_THE_RUN = "_slugify = slugify\ndef slugify(text):\n    import os, signal\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+
+
+@pytest.mark.parametrize("guard", ["guarded", "kept-out"])
+async def test_hack_a_run_cut_short_where_no_test_is_listed(hclient: AsyncClient, textkit_unittest: Task, guard: str) -> None:
+    """Every test of the report counts where none is listed: a package that kills the test process
+    at the first test it would fail left a report of passing tests (1.0 before). The guard knows
+    the tests the runner was given; where no guard runs (python -S keeps it out), a report that
+    does not end as a finished run's pays 0."""
+    update = {"fail_to_pass": [], "pass_to_pass": []}
+    if guard == "kept-out":
+        update["test_command"] = textkit_unittest.spec.evaluation.test_command.replace("python3 -m", "python3 -S -m")
+    evaluation = textkit_unittest.spec.evaluation.model_copy(update=update)
+    unlisted = dataclasses.replace(textkit_unittest, spec=textkit_unittest.spec.model_copy(update={"evaluation": evaluation}))
+    result = await graded_with_package_code(hclient, unlisted, after=KILLS_THE_RUN)
+    assert result.status == "ok" and result.reward == 0.0, (result.message, result.tampering, result.log.decode()[-1500:])
+    outcomes = {t.id: t.outcome for t in result.tests}
+    assert outcomes["tests.test_slug_unit.SlugifyTest.test_a_callable"] == "passed", outcomes  # before the cut
+    if guard == "guarded":
+        assert outcomes[UT_IDS[0]] == "error" and "never reported" in result.message, (outcomes, result.message)
+    else:
+        assert "guard did not load" in result.message and "did not finish" in result.message, result.message

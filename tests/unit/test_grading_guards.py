@@ -639,7 +639,9 @@ def test_the_unittest_guard_records_what_the_runner_says_and_nothing_else(tmp_pa
     assert log.tests["test_u.T.test_print"] is Outcome.PASSED
     assert log.tests["test_u.T.test_add"] is Outcome.PASSED and log.tests["test_u.T.test_sub"] is Outcome.PASSED
     assert log.tests["test_u.Broken.setUpClass"] is Outcome.ERROR and log.tests["test_u.T.test_skip_inside"] is Outcome.SKIPPED
-    assert len(log.tests) == 11 and output.complete
+    # The test its class's failed setUpClass kept from running takes the fixture's outcome.
+    assert log.tests["test_u.Broken.test_never"] is Outcome.ERROR and not log.never_ran
+    assert len(log.tests) == 12 and output.complete and log.report().complete
     _, wrong = run_unittest_guarded(tmp_path / "wrong", "def add(a, b):\n    return a - b\n", tests)
     assert wrong.tests["test_u.T.test_sub"].outcome is Outcome.FAILED  # a failed sub-test fails its test
 
@@ -650,12 +652,13 @@ def test_the_unittest_guard_runs_under_a_projects_runner_script(tmp_path: Path) 
     script = "import unittest, sys\nunittest.main(module='test_u', argv=[sys.argv[0], '-v'])\n"
     log, output = run_unittest_guarded(tmp_path, "def add(a, b):\n    return a + b\n", _UT_TESTS, script)
     assert log.ended and not log.tampering, log.tampering
-    assert log.tests == {"test_u.T.test_add": Outcome.PASSED, "test_u.T.test_neg": Outcome.PASSED}
+    assert log.tests == dict.fromkeys(["test_u.T.test_0", "test_u.T.test_add", "test_u.T.test_neg"], Outcome.PASSED)
     assert {k: v.outcome for k, v in output.tests.items()} == log.tests
 
 
 _UT_TESTS = (
     "import unittest\nfrom evil import add\n\nclass T(unittest.TestCase):\n"
+    "    def test_0(self):\n        self.assertEqual(add(0, 0), 0)\n"
     "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n"
     "    def test_neg(self):\n        self.assertEqual(add(-2, -3), -5)\n"
 )
@@ -688,13 +691,28 @@ _WRONG = "def add(a, b):\n    return a - b\n"
             "    return a - b\n",
             "a pass was recorded by",
         ),
+        # Through the runner's registered result object, from the first test: the later ones,
+        # which fail, vanish from the report, or turn into skips or passes.
+        ("import unittest.signals as sig\ndef add(a, b):\n    for r in list(sig._results):\n"
+         "        r.addFailure = lambda t, e: None\n    return a - b if a else 0\n",
+         "the test result's addFailure was replaced on the object"),
+        ("import unittest.signals as sig\ndef add(a, b):\n    for r in list(sig._results):\n"
+         "        r.addFailure = r.addExpectedFailure\n    return a - b if a else 0\n",
+         "a pass was recorded by"),
+        ("import unittest.signals as sig\ndef add(a, b):\n    for r in list(sig._results):\n"
+         "        r.stop()\n    return a - b if a else 0\n", "stopped the test run"),
+        ("import unittest.signals as sig\ndef add(a, b):\n    for r in list(sig._results):\n"
+         "        r.shouldStop = True\n    return a - b if a else 0\n", "stopped past TestResult.stop()"),
     ],
-    ids=["forged-output", "patched-assert", "patched-result", "forged-result", "skip", "equals-anything", "finalizer"],
+    ids=["forged-output", "patched-assert", "patched-result", "forged-result", "skip", "equals-anything", "finalizer",
+         "dropped-failures", "failures-as-expected", "stopped", "should-stop"],
 )  # fmt: skip
 def test_the_unittest_guard_catches_the_code_under_test(tmp_path: Path, evil: str, caught: str) -> None:
     """Each made the output say every test passed (or, for a skip, that no test failed)."""
     log, output = run_unittest_guarded(tmp_path, evil, _UT_TESTS)
     passed = {k for k, v in log.tests.items() if v is Outcome.PASSED}
+    if "sig._results" in evil and "0" not in passed:  # the hack ran from the first test on
+        assert log.tests.get("test_u.T.test_neg") is not Outcome.SKIPPED
     if caught:
         assert any(caught in t for t in log.tampering), log.tampering
     else:  # nothing ran under the runner: the output's passes are not in the records
@@ -702,6 +720,17 @@ def test_the_unittest_guard_catches_the_code_under_test(tmp_path: Path, evil: st
         assert output.tests["test_u.T.test_add"].outcome is Outcome.PASSED
     if caught == "a pass was recorded by":
         assert "test_u.T.test_add" not in passed, log.tests
+
+
+def test_a_test_the_runner_planned_that_never_reported_is_an_error() -> None:
+    """unittest reports a failed class fixture, not the tests it keeps from running: they take its
+    outcome. Any other planned test with no outcome never ran (the run was cut short)."""
+    plan = ("m.C.a", "m.C.b", "m.D.c", "m.E.d")
+    recs = [("start", 1, "3.11"), ("plan", plan), ("case", "m.C.a", "passed"), ("case", "setUpClass (m.D)", "skipped"),
+            ("end", "None")]  # fmt: skip
+    log = read_guard_log(signed(KEY, *recs), KEY)
+    assert log.tests["m.D.c"] is Outcome.SKIPPED and log.tests["m.C.b"] is Outcome.ERROR and log.tests["m.E.d"] is Outcome.ERROR
+    assert log.never_ran == ["m.C.b", "m.E.d"] and not log.report().complete
 
 
 def test_unittest_guard_records_aggregate_to_the_worst_outcome() -> None:
@@ -890,10 +919,13 @@ def test_commands_that_keep_the_guard_out_are_recognised() -> None:
         assert keeps_guard_out(command), command
     for command in ("PYTHONPATH=src python3 -m pytest tests", "pytest -p no:cacheprovider -rA", "python3 -m pytest -x"):
         assert not keeps_guard_out(command), command
-    # The unittest guard comes through site's .pth files: no site, no user site keep it out too.
-    for command in ("python3 -S -m unittest", "python3 -s -m unittest -v", "PYTHONNOUSERSITE=1 ./runtests.py", "python -I x.py"):
-        assert keeps_guard_out(command, "unittest") and not keeps_guard_out(command.replace("-I", "-v")), command
-    assert not keeps_guard_out("python3 -m unittest -v tests.test_x", "unittest")
+    # The unittest guard comes through site's .pth files: no site keeps it out too, and no user
+    # site where its file is in one (a read-only root).
+    for command in ("python3 -S -m unittest", "python -I x.py", "cd t && python3 -bS runtests.py"):
+        assert keeps_guard_out(command, "unittest") and not keeps_guard_out(command.replace("I", "v").replace("S", "v")), command
+    for command in ("python3 -s -m unittest -v", "PYTHONNOUSERSITE=1 ./runtests.py"):
+        assert keeps_guard_out(command, "unittest", user_site=True) and not keeps_guard_out(command, "unittest"), command
+    assert not keeps_guard_out("python3 -m unittest -v tests.test_x", "unittest", user_site=True)
 
 
 def test_records_that_contradict_the_runners_output_are_forged() -> None:

@@ -339,7 +339,7 @@ class Grader:
             # room's /tmp is fresh, so no other user site exists there).
             module_dir = posixpath.join(report_dir, facts.user_site) if owned and facts else home
             env.update(guard.env(ev.env, report_dir if owned else None))
-            if owned or runner == "unittest":
+            if owned:
                 env.pop("PYTHONNOUSERSITE", None)  # any value disables the user site the guard is in
             files = [
                 FileWrite(posixpath.join(module_dir, guard.module + ".py"), GUARD_SOURCE, 0o644),
@@ -402,7 +402,7 @@ class Grader:
             # key: records are then not trusted, whatever they say.
             # A command that keeps the guard out lets the code under test read the key and remove
             # the file as the guard would: then no record is the guard's, whatever the file says.
-            kept_out = keeps_guard_out(ev.test_command, guard.runner)
+            kept_out = keeps_guard_out(ev.test_command, guard.runner, user_site=owned)
             key_left = kept_out or (await self._exists(room, guard.config_path, owned) if checked.started else True)
             if key_left and checked.started:
                 detected.append(f"signed {guard.runner}-guard records appeared although the guard never loaded: forged")
@@ -412,6 +412,11 @@ class Grader:
                 if not checked.ended:
                     problems.append(
                         f"the test process ended before {guard.runner} finished (tests it did not report count as failed)"
+                    )
+                if checked.never_ran:
+                    problems.append(
+                        f"{len(checked.never_ran)} test(s) the runner was given never reported "
+                        f"(first: {checked.never_ran[0]}): they count as errors"
                     )
             elif guard.runner == "pytest":
                 problems.append("the pytest guard did not load: the test command does not run this image's pytest")
@@ -455,6 +460,11 @@ class Grader:
                 problems.append(f"the reward command failed (exit {scored.exit_code}, timed out: {scored.timed_out})")
         else:
             result.reward = compute_reward(ev.reward, tests)
+            if result.reward and not ev.graded_ids and not report.complete:
+                # Every test of the report counts: a run cut short (a process killed in the middle,
+                # a runner stopped) reports only the tests before the cut, all of which may pass.
+                problems.append("the test run did not finish and the task lists no test: what it never reached counts, reward 0")
+                result.reward = 0.0
         result.tampering = detected
         if detected and (ev.tampering_policy or self.tampering_policy) == "strict" and result.reward is not None:
             result.reward = 0.0

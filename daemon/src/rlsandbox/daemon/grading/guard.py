@@ -71,14 +71,20 @@ _KEEPS_OUT = re.compile(
 )
 
 
-# The unittest guard comes in through site's .pth files: -S (no site) and -s (no user site) and
-# PYTHONNOUSERSITE keep it out too.
-_KEEPS_SITE_OUT = re.compile(r"(?:^|[\s;&|(])(?:PYTHONNOUSERSITE=|python[0-9.]*\s+(?:-\S+\s+)*-[A-Za-z]*[sS])")
+# The unittest guard comes in through site's .pth files: -S (no site) keeps it out, and where it is
+# in a user site-packages (a read-only root), so do -s and PYTHONNOUSERSITE.
+_KEEPS_SITE_OUT = re.compile(r"python[0-9.]*\s+(?:-\S+\s+)*-[A-Za-z]*S")
+_KEEPS_USER_SITE_OUT = re.compile(r"(?:^|[\s;&|(])(?:PYTHONNOUSERSITE=|python[0-9.]*\s+(?:-\S+\s+)*-[A-Za-z]*s)")
 
 
-def keeps_guard_out(test_command: str, runner: str = "pytest") -> bool:
-    """Whether the test command keeps the guard from loading (see _KEEPS_OUT)."""
-    return bool(_KEEPS_OUT.search(test_command)) or (runner == "unittest" and bool(_KEEPS_SITE_OUT.search(test_command)))
+def keeps_guard_out(test_command: str, runner: str = "pytest", user_site: bool = False) -> bool:
+    """Whether the test command keeps the guard from loading (see _KEEPS_OUT); ``user_site``:
+    the unittest guard's .pth file is in a user site-packages."""
+    if _KEEPS_OUT.search(test_command):
+        return True
+    if runner != "unittest":
+        return False
+    return bool(_KEEPS_SITE_OUT.search(test_command) or (user_site and _KEEPS_USER_SITE_OUT.search(test_command)))
 
 
 # A test command a recycling room may fork from its warm pytest (agent/sandbox_agent.py, "warm
@@ -125,10 +131,11 @@ class GuardLog:
     ended: bool = False
     tests: dict[str, Outcome] = field(default_factory=dict)
     tampering: list[str] = field(default_factory=list)
+    never_ran: list[str] = field(default_factory=list)  # planned by the runner, never reported
 
     def report(self) -> TestReport:
         """The guard's outcomes as a report (what the runner's own summary would have said)."""
-        return TestReport("guard", {i: TestCase(i, o) for i, o in self.tests.items()}, complete=self.ended)
+        return TestReport("guard", {i: TestCase(i, o) for i, o in self.tests.items()}, complete=self.ended and not self.never_ran)
 
 
 def _phase_outcome(when: str, outcome: str, wasxfail: bool) -> Outcome:
@@ -167,6 +174,7 @@ def read_guard_log(stderr: bytes, key: bytes) -> GuardLog:
     raw: dict[tuple[str, str], str] = {}
     phases: dict[str, dict[str, Outcome]] = {}
     cases: dict[str, set[Outcome]] = {}
+    planned: dict[str, None] = {}
     for n, line in enumerate(split_records(stderr)[0], 1):
         body, _, mac = line.rpartition(b"\t")
         good = hmac.new(key, body, sha256).hexdigest().encode()
@@ -207,6 +215,8 @@ def read_guard_log(stderr: bytes, key: bytes) -> GuardLog:
                 cases.setdefault(_case_id(str(fields[0])), set()).add(Outcome(fields[1]))
             except (ValueError, IndexError):
                 log.tampering.append(f"pytest guard: line {n} is signed but unreadable")
+        elif kind == "plan" and fields and isinstance(fields[0], tuple):  # unittest: the tests a run is given
+            planned.update(dict.fromkeys(str(i) for i in fields[0]))
     for nodeid, by_phase in phases.items():
         worst = max(by_phase.values(), key=lambda o: o.rank)
         if Outcome.SKIPPED in by_phase.values() and worst is Outcome.PASSED:
@@ -217,4 +227,21 @@ def read_guard_log(stderr: bytes, key: bytes) -> GuardLog:
     for test_id, outcomes in cases.items():
         worst = max(outcomes, key=lambda o: o.rank)
         log.tests[test_id] = Outcome.SKIPPED if Outcome.SKIPPED in outcomes and worst is Outcome.PASSED else worst
+    for test_id in planned:
+        if test_id not in log.tests:
+            # Not run because its class's or module's fixture failed or skipped: that record's
+            # outcome (unittest reports the fixture, not its tests). Else it never ran.
+            fixture = _fixture_outcome(log.tests, test_id)
+            log.tests[test_id] = fixture or Outcome.ERROR
+            if fixture is None:
+                log.never_ran.append(test_id)
     return log
+
+
+def _fixture_outcome(tests: Mapping[str, Outcome], test_id: str) -> Outcome | None:
+    module_class = test_id.rpartition(".")[0]
+    module = module_class.rpartition(".")[0]
+    for fixture in (f"{module_class}.setUpClass", f"{module}.setUpModule", f"{module_class}.tearDownClass"):
+        if fixture in tests and tests[fixture] is not Outcome.PASSED:
+            return tests[fixture]
+    return None

@@ -1,7 +1,9 @@
 # The grader's pytest guard: copied into a clean room under a random module name and loaded with
 # `-p` (PYTEST_ADDOPTS), so it is imported during pytest's pre-parse, before any conftest, plugin
 # entry point or workspace module. Runs on python3 >= 3.8 with the stdlib only. Never imported by
-# the daemon (it reads this file as text).
+# the daemon (it reads this file as text). Under unittest (its configuration says "runner":
+# "unittest") a .pth file loads it as the interpreter starts, and it records what unittest's
+# TestResult records in place of pytest's reports (_record_unittest_results).
 #
 # What it does (docs/GRADING.md, "Results the code under test cannot rewrite"):
 # - reads its configuration (an HMAC key, the workspace, the files the agent changed) from a file
@@ -426,6 +428,7 @@ def _install(cfg):
     case_module = sys.modules.get("unittest.case")
     case_file = getattr(case_module, "__file__", None) or "/nonexistent/"
     subtest_type = getattr(case_module, "_SubTest", None)
+    suite_type = getattr(sys.modules.get("unittest.suite"), "BaseTestSuite", type(None))
     _exc_info = sys.exc_info
     runner = sys.modules.get("_pytest.runner")
     runner_root = os.path.dirname(os.path.dirname(os.path.realpath(runner.__file__))) + "/" if runner else "/nonexistent/"
@@ -1079,20 +1082,23 @@ def _install(cfg):
                 skipped_by_agent(nodeid, excinfo.value)
             if fixture_values:
                 check_fixtures(item)
-            if call.when == "call":
-                new_classes()
-                compared.clear()
-                _EPOCH[0] += 1
-            if answering:
-                still_answering()
-            if unprobed:  # the agent's classes made since the last phase, while a test runs
-                batch = unprobed[:]
-                del unprobed[:]
-                probe_classes(batch)
+            probe_new(call.when == "call")
             if call.when == "call":
                 check_test_function(item, nodeid)
                 check_live()
                 between_tests()
+
+    def probe_new(test_ended):
+        if test_ended:
+            new_classes()
+            compared.clear()
+            _EPOCH[0] += 1
+        if answering:
+            still_answering()
+        if unprobed:  # the agent's classes made since the last phase, while a test runs
+            batch = unprobed[:]
+            del unprobed[:]
+            probe_classes(batch)
 
     def between_tests():
         watch_modules(every=True)
@@ -1103,19 +1109,25 @@ def _install(cfg):
             check_signals()
             state["next_check"] = _monotonic() + _CHECK_EVERY
 
-    def on_case(test, outcome, args, caller):
-        # unittest mode: an outcome the runner's TestResult records (_record_unittest_results).
+    # unittest mode (_record_unittest_results): the outcomes unittest's TestResult records, the
+    # tests each run of TextTestRunner plans, and the result objects themselves.
+    results = {}  # id -> a TestResult the runner recorded with (its own attributes are watched)
+    stopped = set()  # ids of results whose stop() was called by the runner (failfast, Ctrl-C)
+
+    def on_case(result, test, name, args, caller):
+        outcome = _UT_OUTCOMES[name]
+        if _id(result) not in results:
+            results[_id(result)] = result
         if outcome is None:  # addSubTest(test, subtest, err): a failed sub-test fails its test
             if _len(args) < 2 or args[1] is None:
                 return
             outcome = "failed"
         if _type(test) is subtest_type:
             test = test.test_case  # a sub-test's skip counts for its test, as the output shows it
-        if outcome == "passed":
-            by = recorded_by(caller, test)
-            if by is not None:
-                tamper("a pass was recorded by %s, not by unittest's TestCase.run running that test" % text(by))
-                return
+        wrong = forged_case(name, test, args, caller)
+        if wrong is not None:
+            tamper(wrong)
+            return
         try:
             test_id = test.id()
         except Exception:
@@ -1130,34 +1142,84 @@ def _install(cfg):
             exc = _exc_info()[1]
             if exc is not None:
                 skipped_by_agent(test_id, exc)
-        new_classes()
-        compared.clear()
-        _EPOCH[0] += 1
-        if answering:
-            still_answering()
-        if unprobed:
-            batch = unprobed[:]
-            del unprobed[:]
-            probe_classes(batch)
+        probe_new(True)
         verify()
+        check_results()
         between_tests()
 
-    def recorded_by(frame, test):
-        # The callers of TestResult.addSuccess, outwards, must reach TestCase.run running this
-        # very test with no code of the agent's on the way: a pass recorded from the agent's
-        # code, from a finalizer or a thread of its, or for another test is not the runner's.
-        # None when it is the runner's, else who recorded it.
-        first = frame
+    def forged_case(name, test, args, caller):
+        """Why a recorded outcome is not the runner's, or None. A pass must come from
+        TestCase.run running that very test, an expected failure from its _addExpectedFailure,
+        with no code of the agent's on the way (a pass recorded through the runner's registered
+        results, from a finalizer or a thread of the agent's, or by a result method shadowed on
+        the instance: `result.addFailure = result.addSuccess`); a skip has a reason, not a failure."""
+        if name == "addSkip":
+            reason = args[0] if args else None
+            exc = _exc_info()[1]
+            skip_test = getattr(sys.modules.get("unittest.case"), "SkipTest", None)
+            if _type(reason) is not _str or (exc is not None and _type(skip_test) is type and not _isinstance(exc, skip_test)):
+                return "a failure was recorded as a skip by %s" % text(agents_or(caller))
+            return None
+        wanted = {"addSuccess": "run", "addExpectedFailure": "_addExpectedFailure"}.get(name)
+        if wanted is None:
+            return None
+        frame = caller
         for _ in range(256):
             if frame is None:
                 break
             where = file_of(frame)
-            if where == case_file and frame.f_code.co_name == "run":
-                return None if frame.f_locals.get("self") is test else "TestCase.run of another test"
+            if where == case_file:
+                if frame.f_code.co_name == wanted and frame.f_locals.get("self") is test:
+                    return None
+                break
             if agent_code(where):
-                return where
+                return "a pass was recorded by %s, not by unittest's TestCase.run running that test" % where
             frame = frame.f_back
-        return file_of(first) if first is not None else "<unknown>"
+        return "a pass was recorded by %s, not by unittest's TestCase.run running that test" % text(agents_or(caller))
+
+    def agents_or(frame):
+        # The agent's file nearest on the stack, else the file of ``frame``'s own code.
+        first = frame
+        while frame is not None:
+            if agent_code(file_of(frame)):
+                return file_of(frame)
+            frame = frame.f_back
+        return culprit(first) if first is not None else "<unknown>"
+
+    def on_stop(result, caller):
+        if agent_on_stack(caller):
+            tamper("%s stopped the test run" % text(culprit(caller)))
+        else:
+            stopped.add(_id(result))
+
+    def check_results():
+        # A result's own attributes standing in for its methods (result.addFailure = ...), or a
+        # run stopped past stop() (result.shouldStop = True): the tests after it never run.
+        for result in list(results.values()):
+            own = _object_dict(result)
+            for key_ in list(own):
+                if _type(key_) is _str and _type(getattr(_type(result), key_, None)) is _function:
+                    tamper("the test result's %s was replaced on the object (%s)" % (key_, text(origin(own[key_]))))
+            if own.get("shouldStop") is True and _id(result) not in stopped:
+                tamper("the test run was stopped past TestResult.stop()")
+
+    def on_plan(suite):
+        # The tests a TextTestRunner is about to run: one that never reports counts as not passed.
+        ids = []
+        pending_ = [suite]
+        while pending_ and _len(ids) < 100000:
+            item = pending_.pop()
+            inner = _object_dict(item).get("_tests") if _isinstance(item, suite_type) else None
+            if inner is not None:
+                pending_.extend(reversed(list(inner)))
+                continue
+            try:
+                test_id = item.id()
+            except Exception:
+                continue
+            if _type(test_id) is _str:
+                ids.append(test_id)
+        emit("plan", tuple(ids))
 
     def skipped_by_agent(nodeid, exc):
         # A test skipped from the code under test (pytest.skip, unittest.SkipTest in the function
@@ -1482,6 +1544,8 @@ def _install(cfg):
                 ".signal",
                 ".signalled",
                 ".case",
+                ".stop",
+                ".plan",
             )
         ]
         + ["import", "object.__getattr__", "exec", "object.__setattr__", "object.__delattr__", "open", "compile"]
@@ -1521,7 +1585,11 @@ def _install(cfg):
             elif event == _NAME + ".raw":
                 on_raw(args[0], args[1])
             elif event == _NAME + ".case":
-                on_case(args[0], args[1], args[2], _getframe(2))
+                on_case(args[0], args[1], args[2], args[3], _getframe(2))
+            elif event == _NAME + ".stop":
+                on_stop(args[0], _getframe(2))
+            elif event == _NAME + ".plan":
+                on_plan(args[1])
             elif event == "import":
                 watch_modules()
             elif event == _NAME + ".signal":
@@ -1547,6 +1615,7 @@ def _install(cfg):
             elif event == _NAME + ".set":
                 on_module_write(args[0], args[1], args[2])
             elif event == _NAME + ".end":
+                check_results()
                 find_agent_classes()
                 probe_classes(list(agent_classes.values()))
                 check_signals()
@@ -1651,39 +1720,47 @@ def _install(cfg):
     sys.addaudithook(on_event)
 
 
+_UT_OUTCOMES = {
+    "addSuccess": "passed",
+    "addFailure": "failed",
+    "addError": "error",
+    "addSkip": "skipped",
+    "addExpectedFailure": "skipped",  # as `python -m unittest -v` output is read
+    "addUnexpectedSuccess": "failed",  # unittest counts it as a failure of the run
+    "addSubTest": None,  # a failed sub-test fails its test
+}
+
+
 def _record_unittest_results():
-    # unittest mode: every outcome the runner's TestResult records is shown to the guard. The
-    # recorders are in the class before the snapshot: replacing one is a replaced runner part.
+    # unittest mode: every outcome the runner's TestResult records, every stop() of a run, and the
+    # tests each TextTestRunner.run is given are shown to the guard. In the classes before the
+    # snapshot: replacing one is a replaced runner part.
     import unittest
     import unittest.result
+    import unittest.runner
 
-    result = unittest.result.TestResult
     audit = sys.audit
-    event = _NAME + ".case"
 
-    def recorder(name, outcome):
-        original = result.__dict__[name]
+    def shown(cls, name, event, *extra):
+        original = cls.__dict__[name]
 
         @functools.wraps(original)
-        def record(self, test, *args):
-            audit(event, test, outcome, args)
-            return original(self, test, *args)
+        def method(self, *args, **kwargs):
+            shown_args = args + tuple(kwargs.values())  # addSkip(test, reason=...): the reason all the same
+            audit(event, self, *(shown_args[:1] + extra + (shown_args[1:],) if extra else shown_args))
+            return original(self, *args, **kwargs)
 
-        type.__setattr__(result, name, record)
+        type.__setattr__(cls, name, method)
 
-    for name, outcome in (
-        ("addSuccess", "passed"),
-        ("addFailure", "failed"),
-        ("addError", "error"),
-        ("addSkip", "skipped"),
-        ("addExpectedFailure", "skipped"),  # as `python -m unittest -v` output is read
-        ("addUnexpectedSuccess", "failed"),  # unittest counts it as a failure of the run
-        ("addSubTest", None),
-    ):
-        recorder(name, outcome)
+    for name in _UT_OUTCOMES:
+        shown(unittest.result.TestResult, name, _NAME + ".case", name)
+    shown(unittest.result.TestResult, "stop", _NAME + ".stop")
+    shown(unittest.runner.TextTestRunner, "run", _NAME + ".plan")
 
 
-_cfg = _load_config()
+_cfg = _load_config()  # the key file is gone from here on, whether the guard can run or not
+if not hasattr(sys, "addaudithook"):
+    _cfg = None  # before 3.8: no guard, and no key left for the code under test ("did not load")
 if _cfg is not None and _cfg.get("runner") == "unittest":
     # Loaded by a .pth file as the interpreter starts (site), before its main module: the first
     # Python process of the test command is the runner, whatever its command line.
