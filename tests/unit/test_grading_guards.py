@@ -746,6 +746,21 @@ def test_unittest_guard_records_aggregate_to_the_worst_outcome() -> None:
     }
 
 
+def test_guard_counts_a_collected_test_that_never_reports_as_an_error(tmp_path: Path) -> None:
+    """The session, one plugin lookup away from pytestPDB, stopped from the first test: pytest
+    reported that test alone, and where no test is listed a report of passes paid 1.0."""
+    evil = (
+        "def add(a, b):\n    m = __import__('_py' + 'test.debugging', fromlist=['x'])\n"
+        "    m.pytestPDB._config.pluginmanager.get_plugin('session').shouldstop = 'enough'\n"
+        "    return a - b if a else 0\n"
+    )
+    tests = "import evil\ndef test_0():\n    assert evil.add(0, 0) == 0\ndef test_1():\n    assert evil.add(2, 3) == 5\n"
+    log, out = run_guarded(tmp_path, evil, {"test_z.py": tests})
+    assert "Interrupted: enough" in out
+    assert log.tests == {"test_z.py::test_0": Outcome.PASSED, "test_z.py::test_1": Outcome.ERROR}, log.tests
+    assert log.never_ran == ["test_z.py::test_1"] and not log.report().complete
+
+
 def test_guard_keeps_the_interrupted_frame_from_the_agents_signal_handlers(tmp_path: Path) -> None:
     """A signal handler is called with the frame the signal interrupted: a timer's handler of the
     agent's reached the runner's frames with no audited access. Handlers now run through a proxy:

@@ -1203,6 +1203,19 @@ def _install(cfg):
             if own.get("shouldStop") is True and _id(result) not in stopped:
                 tamper("the test run was stopped past TestResult.stop()")
 
+    def plan_items(session):
+        # The tests pytest collected (and kept): one that never reports counts as not passed (a
+        # session stopped from the first test, shouldstop set, reported only that test).
+        ids = []
+        for item in list(_object_dict(session).get("items") or ()):
+            try:
+                nodeid = item.nodeid  # pytest's property (a replaced one is a replaced runner part)
+            except Exception:
+                continue
+            if _type(nodeid) is _str:
+                ids.append(nodeid)
+        emit("plan", tuple(ids))
+
     def on_plan(suite):
         # The tests a TextTestRunner is about to run: one that never reports counts as not passed.
         ids = []
@@ -1610,6 +1623,7 @@ def _install(cfg):
             elif event == _NAME + ".collected":
                 watch_modules(every=True)
                 watch_live(args[0])
+                plan_items(args[0])
             elif event == _NAME + ".plugin":
                 on_plugin(args[0], args[1])
             elif event == _NAME + ".set":
