@@ -657,7 +657,7 @@ async def test_hack_a_unittest_run_from_the_code_under_test(
 
 async def test_hack_a_unittest_skip_from_the_code_under_test(hclient: AsyncClient, textkit_unittest: Task) -> None:
     """No test listed: the skipped ones do not count, so skipping every test the package fails
-    was worth 1.0; the guard sees the SkipTest come from the package (Python >= 3.11)."""
+    was worth 1.0; the guard sees the SkipTest come from the package."""
     evaluation = textkit_unittest.spec.evaluation.model_copy(update={"fail_to_pass": [], "pass_to_pass": []})
     unlisted = dataclasses.replace(textkit_unittest, spec=textkit_unittest.spec.model_copy(update={"evaluation": evaluation}))
     result = await graded_with_package_code(hclient, unlisted, after=UT_SKIPS)

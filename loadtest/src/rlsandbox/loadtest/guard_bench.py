@@ -2,6 +2,12 @@
 revision, and with the guard as it is now, alternated in one run.
 
     python -m rlsandbox.loadtest.guard_bench [--rounds 5] [--modules 20] [--tests 50] [--baseline REV] [--json out.json]
+    python -m rlsandbox.loadtest.guard_bench --runner unittest [...]
+
+With ``--runner unittest`` the same suite is unittest's (a TestCase class per module, run by
+``python -m unittest discover`` under the interpreter this venv was made from), the guard loaded
+by its .pth file from a user site-packages as in a recycling clean room; there is no baseline (no
+earlier guard ran under unittest).
 
 The suite is ``modules`` test files of ``tests`` trivial tests each (1,000 by default) that also
 import a few dozen stdlib modules, so the guard watches ~500 modules as it does in a real project;
@@ -47,45 +53,75 @@ GUARD_PATH = "daemon/src/rlsandbox/daemon/grading/pytest_guard.py"
 IMPORTS = "import json, decimal, email.message, http.client, asyncio, csv, difflib, argparse, logging, dataclasses\n"
 
 
-def make_suite(root: Path, modules: int, tests: int) -> Path:
+# A venv's interpreter reads no user site-packages, where the unittest guard's .pth file goes.
+BASE_PYTHON = getattr(sys, "_base_executable", sys.executable)
+
+
+def make_suite(root: Path, modules: int, tests: int, runner: str = "pytest") -> Path:
     ws = root / "ws"
     (ws / "tests").mkdir(parents=True)
     (ws / "pkg.py").write_text(PACKAGE)
-    body = (
-        IMPORTS
-        + "import pkg\n"
-        + "".join(
-            f"\n\ndef test_{i}():\n    assert pkg.double({i}) == {2 * i}\n"
-            f"    assert pkg.Money({i}, 'EUR') == pkg.Money({i}, 'EUR')\n"
-            for i in range(tests)
+    if runner == "unittest":
+        (ws / "tests" / "__init__.py").write_text("")
+        body = (
+            IMPORTS
+            + "import unittest\nimport pkg\n\n\nclass T(unittest.TestCase):\n"
+            + "".join(
+                f"    def test_{i}(self):\n        self.assertEqual(pkg.double({i}), {2 * i})\n"
+                f"        self.assertEqual(pkg.Money({i}, 'EUR'), pkg.Money({i}, 'EUR'))\n\n"
+                for i in range(tests)
+            )
         )
-    )
+    else:
+        body = (
+            IMPORTS
+            + "import pkg\n"
+            + "".join(
+                f"\n\ndef test_{i}():\n    assert pkg.double({i}) == {2 * i}\n"
+                f"    assert pkg.Money({i}, 'EUR') == pkg.Money({i}, 'EUR')\n"
+                for i in range(tests)
+            )
+        )
     for m in range(modules):
         (ws / "tests" / f"test_m{m}.py").write_text(body)
     return ws
 
 
-def run_once(root: Path, ws: Path, source: bytes | None, expected: int) -> float:
+def run_once(root: Path, ws: Path, source: bytes | None, expected: int, runner: str = "pytest") -> float:
     env = {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(ws)}
     setup = None
+    written: list[Path] = []
     if source is not None:
-        setup = guard_setup(str(root))
-        (root / f"{setup.module}.py").write_bytes(source)
+        setup = guard_setup(str(root), runner)
         (root / "guard.json").write_bytes(setup.config(str(ws), [str(ws / "pkg.py")]))
-        env.update(setup.env({}))
-        env["PYTHONPATH"] = f"{root}:{ws}"
+        if setup.pth is not None:  # in a user site-packages of root, as in a recycling clean room
+            probe = "import site, os; print(os.path.relpath(site.getusersitepackages(), site.getuserbase()))"
+            site_dir = root / subprocess.run([BASE_PYTHON, "-c", probe], capture_output=True, text=True).stdout.strip()
+            site_dir.mkdir(parents=True, exist_ok=True)
+            written = [site_dir / f"{setup.module}.py", site_dir / setup.pth[0]]
+            written[1].write_bytes(setup.pth[1])
+            env.update(setup.env({}, str(root)))
+        else:
+            written = [root / f"{setup.module}.py"]
+            env.update(setup.env({}))
+            env["PYTHONPATH"] = f"{root}:{ws}"
+        written[0].write_bytes(source)
+    if runner == "unittest":
+        command = [BASE_PYTHON, "-m", "unittest", "discover", "-s", "tests", "-t", "."]
+    else:
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=ws, env=env, capture_output=True
-    )
+    proc = subprocess.run(command, cwd=ws, env=env, capture_output=True)
     took = time.perf_counter() - start
-    if f"{expected} passed".encode() not in proc.stdout:
-        raise RuntimeError(f"the suite did not pass: {proc.stdout[-500:]!r}")
+    passed = f"Ran {expected} tests" if runner == "unittest" else f"{expected} passed"
+    if passed.encode() not in proc.stdout + proc.stderr or proc.returncode != 0:
+        raise RuntimeError(f"the suite did not pass: {(proc.stdout + proc.stderr)[-500:]!r}")
     if setup is not None:
         log = read_guard_log(proc.stderr, setup.key)
         if not log.ended or log.tampering or len(log.tests) != expected:
             raise RuntimeError(f"the guard's log is not clean: ended={log.ended} tampering={log.tampering[:3]}")
-        (root / f"{setup.module}.py").unlink()
+        for path in written:
+            path.unlink()
     return took
 
 
@@ -95,25 +131,25 @@ def baseline_source(rev: str) -> bytes:
 
 
 async def run(args: Any) -> dict[str, Any]:
-    configs: dict[str, bytes | None] = {
-        "no guard": None,
-        f"guard at {args.baseline}": baseline_source(args.baseline),
-        "guard now": GUARD_SOURCE,
-    }
+    configs: dict[str, bytes | None] = {"no guard": None}
+    if args.runner == "pytest":
+        configs[f"guard at {args.baseline}"] = baseline_source(args.baseline)
+    configs["guard now"] = GUARD_SOURCE
     expected = args.modules * args.tests
     times: dict[str, list[float]] = {k: [] for k in configs}
     with tempfile.TemporaryDirectory(prefix="guard-bench-") as tmp:
         root = Path(tmp)
-        ws = make_suite(root, args.modules, args.tests)
-        run_once(root, ws, None, expected)  # warm the page cache
+        ws = make_suite(root, args.modules, args.tests, args.runner)
+        run_once(root, ws, None, expected, args.runner)  # warm the page cache
         for _ in range(args.rounds):
             for name, source in configs.items():
-                times[name].append(run_once(root, ws, source, expected))
+                times[name].append(run_once(root, ws, source, expected, args.runner))
     return {
         "machine": machine(),
+        "runner": args.runner,
         "tests": expected,
         "rounds": args.rounds,
-        "baseline": args.baseline,
+        "baseline": args.baseline if args.runner == "pytest" else None,
         "pid": os.getpid(),
         "seconds": times,
     }
@@ -123,7 +159,7 @@ def render(results: dict[str, Any]) -> str:
     times: dict[str, list[float]] = results["seconds"]
     base = times["no guard"]
     lines = [
-        f"{results['tests']} tests, {results['rounds']} rounds, machine {results['machine']}",
+        f"{results.get('runner', 'pytest')}: {results['tests']} tests, {results['rounds']} rounds, machine {results['machine']}",
         "",
         "| configuration | median s | per test ms over no guard | median ratio to no guard (per round) |",
         "|---|---|---|---|",
@@ -140,6 +176,7 @@ def _arguments(parser: Any) -> None:
     parser.add_argument("--modules", type=int, default=20)
     parser.add_argument("--tests", type=int, default=50)
     parser.add_argument("--baseline", default="e50f326", help="the git revision whose guard is the baseline")
+    parser.add_argument("--runner", choices=("pytest", "unittest"), default="pytest")
 
 
 if __name__ == "__main__":

@@ -1136,12 +1136,6 @@ def _install(cfg):
             tamper("a test whose id is not a str reached the runner's results")
             return
         emit("case", test_id, outcome)
-        if outcome == "skipped":
-            # Since 3.11 unittest records a skip while it handles the SkipTest: its traceback
-            # shows who raised it (before, the exception is gone by then).
-            exc = _exc_info()[1]
-            if exc is not None:
-                skipped_by_agent(test_id, exc)
         probe_new(True)
         verify()
         check_results()
@@ -1185,6 +1179,17 @@ def _install(cfg):
                 return file_of(frame)
             frame = frame.f_back
         return culprit(first) if first is not None else "<unknown>"
+
+    def on_skip(test, exc):
+        # A SkipTest leaving a part of a test (testPartExecutor): its traceback shows who raised it.
+        if _type(test) is subtest_type:
+            test = test.test_case
+        try:
+            test_id = test.id()
+        except Exception:
+            return
+        if _type(test_id) is _str:
+            skipped_by_agent(test_id, exc)
 
     def on_stop(result, caller):
         if agent_on_stack(caller):
@@ -1559,6 +1564,7 @@ def _install(cfg):
                 ".case",
                 ".stop",
                 ".plan",
+                ".skip",
             )
         ]
         + ["import", "object.__getattr__", "exec", "object.__setattr__", "object.__delattr__", "open", "compile"]
@@ -1599,6 +1605,8 @@ def _install(cfg):
                 on_raw(args[0], args[1])
             elif event == _NAME + ".case":
                 on_case(args[0], args[1], args[2], args[3], _getframe(2))
+            elif event == _NAME + ".skip":
+                on_skip(args[0], args[1])
             elif event == _NAME + ".stop":
                 on_stop(args[0], _getframe(2))
             elif event == _NAME + ".plan":
@@ -1770,6 +1778,27 @@ def _record_unittest_results():
         shown(unittest.result.TestResult, name, _NAME + ".case", name)
     shown(unittest.result.TestResult, "stop", _NAME + ".stop")
     shown(unittest.runner.TextTestRunner, "run", _NAME + ".plan")
+
+    # Every part of a test (setUp, the test, tearDown, a sub-test) runs in testPartExecutor, which
+    # turns a SkipTest into a skip: the exception, with the traceback of who raised it, is shown
+    # on its way there.
+    import contextlib
+
+    outcome = unittest.case._Outcome
+    part = outcome.__dict__["testPartExecutor"]
+    skip_test = unittest.case.SkipTest
+    skip_event = _NAME + ".skip"
+
+    @contextlib.contextmanager
+    def testPartExecutor(self, test_case, *args, **kwargs):
+        with part(self, test_case, *args, **kwargs):
+            try:
+                yield
+            except skip_test as e:
+                audit(skip_event, test_case, e)
+                raise
+
+    type.__setattr__(outcome, "testPartExecutor", testPartExecutor)
 
 
 _cfg = _load_config()  # the key file is gone from here on, whether the guard can run or not
