@@ -623,7 +623,7 @@ def run_unittest_guarded(tmp_path: Path, evil: str, tests: str, *script: str) ->
     proc = subprocess.run([python, *command], cwd=ws, env=env, capture_output=True)
     log = read_guard_log(proc.stderr + b"\n" + proc.stdout, setup.key)
     assert log.started and not (tmp_path / "guard.json").exists(), proc.stderr.decode()[-2000:]
-    output = split_records(proc.stderr)[1] + b"\n" + split_records(proc.stdout)[1]
+    output = split_records(proc.stderr, led=True)[1] + b"\n" + split_records(proc.stdout, led=True)[1]
     return log, parse_report("unittest", output, exit_code=proc.returncode)
 
 
@@ -636,7 +636,7 @@ def test_the_unittest_guard_records_what_the_runner_says_and_nothing_else(tmp_pa
     # Every outcome the output shows is the guard's; the output misses test_print, whose partial
     # line shares a line with its "ok" (so it would without the guard).
     assert {k: str(log.tests.get(k)) for k in output.tests} == {k: str(v.outcome) for k, v in output.tests.items()}
-    assert log.tests["test_u.T.test_print"] is Outcome.PASSED
+    assert log.tests["test_u.T.test_print"] is Outcome.PASSED and "test_u.T.test_print" not in output.tests
     assert log.tests["test_u.T.test_add"] is Outcome.PASSED and log.tests["test_u.T.test_sub"] is Outcome.PASSED
     assert log.tests["test_u.Broken.setUpClass"] is Outcome.ERROR and log.tests["test_u.T.test_skip_inside"] is Outcome.SKIPPED
     # The test its class's failed setUpClass kept from running takes the fixture's outcome.
@@ -731,6 +731,15 @@ def test_a_test_the_runner_planned_that_never_reported_is_an_error() -> None:
     log = read_guard_log(signed(KEY, *recs), KEY)
     assert log.tests["m.D.c"] is Outcome.SKIPPED and log.tests["m.C.b"] is Outcome.ERROR and log.tests["m.E.d"] is Outcome.ERROR
     assert log.never_ran == ["m.C.b", "m.E.d"] and not log.report().complete
+
+
+def test_the_output_reads_as_written_once_the_unittest_guards_records_are_out() -> None:
+    """Each record starts a line of its own: after a line that had ended, its newline goes with
+    it; inside a line (unittest's "test_x (...) ... " before the outcome), the line is whole again."""
+    rec = signed(KEY, ("case", "m.C.t", "passed")).rstrip(b"\n")
+    written = b"header\n\n" + b"\n" + rec + b"\n" + b"t (m.C.t) ... " + b"\n" + rec + b"\n" + b"\n" + rec + b"\n" + b"ok\nend\n"
+    records, rest = split_records(written, led=True)
+    assert len(records) == 3 and rest == b"header\n\nt (m.C.t) ... ok\nend\n"
 
 
 def test_unittest_guard_records_aggregate_to_the_worst_outcome() -> None:

@@ -382,8 +382,9 @@ class Grader:
         unread = [path for path, seen in before.items() if seen is not None and after.get(path) is None]
         if unread:
             rewritten += [st.path for st in await room.stat(unread) if st.exists]
-        stderr = split_records(run.stderr)[1] if guard is not None else run.stderr  # the guard's records apart
-        stdout = split_records(run.stdout)[1] if guard is not None else run.stdout
+        led = guard is not None and guard.runner == "unittest"  # its records start a line of their own
+        stderr = split_records(run.stderr, led)[1] if guard is not None else run.stderr  # the guard's records apart
+        stdout = split_records(run.stdout, led)[1] if guard is not None else run.stdout
         if ev.report_format in OUTPUT_FORMATS:
             data = stdout + b"\n" + stderr
         else:

@@ -149,12 +149,26 @@ def _phase_outcome(when: str, outcome: str, wasxfail: bool) -> Outcome:
 _RECORD = re.compile(rb"^\((\d+), '[a-z]+'.*\t([0-9a-f]{64})$")
 
 
-def split_records(stderr: bytes) -> tuple[list[bytes], bytes]:
-    """The lines of ``stderr`` shaped like guard records, and the rest (the tests' own output)."""
+def split_records(stderr: bytes, led: bool = False) -> tuple[list[bytes], bytes]:
+    """The lines of ``stderr`` shaped like guard records, and the rest (the tests' own output).
+    ``led``: each record was written after a newline of its own (the unittest guard's), which is
+    taken out with it: a line the record cut in two is whole again."""
     records: list[bytes] = []
     rest: list[bytes] = []
+    join_next = False
     for line in stderr.split(b"\n"):
-        (records if _RECORD.match(line) else rest).append(line)
+        if _RECORD.match(line):
+            records.append(line)
+            if led and rest and rest[-1] == b"":
+                rest.pop()  # the record's own newline, after a line that had ended
+            elif led and rest:
+                join_next = True  # the record cut this line: what follows it ends the line
+            continue
+        if join_next:
+            rest[-1] += line
+            join_next = False
+        else:
+            rest.append(line)
     return records, b"\n".join(rest)
 
 

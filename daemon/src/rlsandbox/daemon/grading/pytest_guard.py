@@ -350,7 +350,7 @@ def _own_dict(obj):
     # An object's own attributes (a pytest item's), read past its class's __getattribute__.
     try:
         d = object.__getattribute__(obj, "__dict__")
-    except AttributeError:
+    except (AttributeError, TypeError):  # TypeError: a __class__ that says another class
         return {}
     return d if type(d) is dict else {}
 
@@ -1121,7 +1121,9 @@ def _install(cfg):
         if outcome is None:  # addSubTest(test, subtest, err): a failed sub-test fails its test
             if _len(args) < 2 or args[1] is None:
                 return
-            outcome = "failed"
+            failure = getattr(test, "failureException", AssertionError)
+            kind = args[1][0] if _type(args[1]) is tuple and _len(args[1]) == 3 else None
+            outcome = "failed" if _type(kind) is type and _type(failure) is type and _issubclass(kind, failure) else "error"
         if _type(test) is subtest_type:
             test = test.test_case  # a sub-test's skip counts for its test, as the output shows it
         wrong = forged_case(name, test, args, caller)
