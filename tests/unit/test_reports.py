@@ -173,6 +173,9 @@ def test_unknown_format_is_a_clear_error() -> None:
 def test_canonical_ids() -> None:
     assert canonical_id("tests/test_a.py::C::t[a/b.py::x]") == "tests.test_a.C.t[a/b.py::x]"
     assert canonical_id("tests.test_a.C::t[a/b.py::x]") == "tests.test_a.C.t[a/b.py::x]"
+    # unittest's own spelling, before and since Python 3.11, and SWE-bench's for Django's tests
+    assert canonical_id("test_x (auth_tests.test_a.C)") == canonical_id("test_x (auth_tests.test_a.C.test_x)")
+    assert canonical_id("test_x (auth_tests.test_a.C)") == "auth_tests.test_a.C.test_x"
 
 
 @pytest.mark.parametrize("fmt", sorted(REPORT_FORMATS))

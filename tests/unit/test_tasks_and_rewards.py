@@ -139,6 +139,37 @@ def test_swebench_import() -> None:
         from_swebench({**SWE, "FAIL_TO_PASS": "nope"}, pool="p")
 
 
+DJANGO = {
+    "instance_id": "django__django-11099",
+    "repo": "django/django",
+    "base_commit": "d26b2424437dabeeca94d7900b37d2df4410da0c",
+    "problem_statement": "UsernameValidator allows trailing newline in usernames",
+    "patch": "diff --git a/django/contrib/auth/validators.py b/django/contrib/auth/validators.py\n",
+    "test_patch": "diff --git a/tests/auth_tests/test_validators.py b/tests/auth_tests/test_validators.py\n"
+    "--- a/tests/auth_tests/test_validators.py\n+++ b/tests/auth_tests/test_validators.py\n@@ -237,7 +237,7 @@\n+x\n",
+    "FAIL_TO_PASS": '["test_ascii_validator (auth_tests.test_validators.UsernameValidatorsTests)"]',
+    "PASS_TO_PASS": ["test_help_text (auth_tests.test_validators.UserAttributeSimilarityValidatorTest)"],
+    "version": "3.0",
+}
+
+
+def test_a_django_instance_runs_djangos_runner_read_as_unittest() -> None:
+    """As SWE-bench's harness runs them; the ids it lists ("t (module.Class)") are found in the
+    report of unittest's output and of the unittest guard ("module.Class.t")."""
+    from rlsandbox.daemon.grading.reports import Outcome, TestCase, TestReport, lookup
+
+    ev = from_swebench(DJANGO, pool="django-3.0").evaluation
+    assert ev.report_format == "unittest"
+    assert ev.test_command == "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 auth_tests.test_validators"
+    report = TestReport("guard", {"auth_tests.test_validators.UsernameValidatorsTests.test_ascii_validator": TestCase(
+        "auth_tests.test_validators.UsernameValidatorsTests.test_ascii_validator", Outcome.PASSED)}, True)  # fmt: skip
+    assert lookup(report, ev.fail_to_pass)[ev.fail_to_pass[0]] is not None
+    # A command or a format of the caller's own stays theirs.
+    assert from_swebench(DJANGO, pool="p", report_format="tap").evaluation.test_command.startswith("python -m pytest")
+    own = from_swebench(DJANGO, pool="p", test_command="python tests/runtests.py {test_modules}").evaluation
+    assert own.test_command == "python tests/runtests.py auth_tests.test_validators" and own.report_format == "pytest"
+
+
 def test_swebench_import_with_one_image_per_instance() -> None:
     """SWE-bench names each instance's image (``__`` -> ``_1776_``); R2E-Gym and SWE-smith records
     carry it in a field. Either way the task names an image, and its pool is made on demand."""

@@ -86,7 +86,7 @@ async def _import_swebench(args: argparse.Namespace) -> int:
                     pool=args.pool or "",
                     image=args.image or "",
                     workspace_path=args.workspace,
-                    test_command=args.test_command,
+                    **({"test_command": args.test_command} if args.test_command else {}),  # else the importer's default
                     env=env,
                     workspace_tar=tar,
                     variant=args.variant,
@@ -287,8 +287,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     sw.add_argument("--env", action="append", metavar="KEY=VALUE", help="test command environment (PYTHONPATH=src); repeat")
     sw.add_argument(
         "--test-command",
-        default="python -m pytest -rA -p no:cacheprovider {test_files}",
-        help="the test command; {test_files} is replaced by the patch's test files",
+        default=None,
+        help="the test command; {test_files} is replaced by the patch's test files, {test_modules} by their dotted "
+        "modules under tests/ (default: python -m pytest -rA -p no:cacheprovider {test_files}; Django's instances: "
+        "its ./tests/runtests.py, read as unittest)",
     )
     sw.add_argument(
         "--report-format",

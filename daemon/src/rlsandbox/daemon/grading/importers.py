@@ -96,13 +96,25 @@ def record_variant(instance: Mapping[str, Any]) -> str:
     return "swebench"
 
 
+SWEBENCH_TEST_COMMAND = "python -m pytest -rA -p no:cacheprovider {test_files}"
+# Django's instances run its own runner, as SWE-bench's harness runs them: unittest's output, one
+# process (the unittest guard takes the first Python process for the runner).
+DJANGO_TEST_COMMAND = "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 {test_modules}"
+
+
+def test_modules(test_files: list[str], root: str = "tests/") -> list[str]:
+    """The dotted modules of the test files under ``root`` (Django's runtests.py takes
+    ``admin_views.tests`` for tests/admin_views/tests.py)."""
+    return [f[len(root) : -len(".py")].replace("/", ".") for f in test_files if f.startswith(root) and f.endswith(".py")]
+
+
 def from_swebench(
     instance: Mapping[str, Any],
     *,
     pool: str = "",
     image: str = "",
     workspace_path: str = "/testbed",
-    test_command: str = "python -m pytest -rA -p no:cacheprovider {test_files}",
+    test_command: str = SWEBENCH_TEST_COMMAND,
     env: Mapping[str, str] | None = None,
     workspace_tar: str | None = None,
     variant: str = "auto",
@@ -124,7 +136,11 @@ def from_swebench(
     else the record's own);
     ``swesmith`` records become tasks whose workspace starts with the record's bug patch applied
     (``workspace.patch``), whose tests are the repository's own files that hold FAIL_TO_PASS (run
-    and restored before grading, as SWE-smith runs them), and whose gold patch is the bug's reverse."""
+    and restored before grading, as SWE-smith runs them), and whose gold patch is the bug's reverse.
+
+    Django's instances (repo ``django/django``) with the default command and format run
+    :data:`DJANGO_TEST_COMMAND`, read as ``unittest``. ``{test_modules}`` in a command is replaced
+    by the dotted modules of the patch's test files under ``tests/``."""
     if variant not in VARIANTS:
         raise TaskError(f"unknown record variant {variant!r}; use one of {', '.join(VARIANTS)}")
     kind = record_variant(instance) if variant == "auto" else variant
@@ -145,6 +161,9 @@ def from_swebench(
             raise TaskError(f"{iid}: missing {key}")
     test_patch = str(instance["test_patch"])
     test_files = patch_files(test_patch)
+    if instance.get("repo") == "django/django" and test_command == SWEBENCH_TEST_COMMAND and report_format == "pytest":
+        test_command, report_format = DJANGO_TEST_COMMAND, "unittest"
+    test_command = test_command.replace("{test_modules}", " ".join(shlex.quote(m) for m in test_modules(test_files)))
     workspace = (
         WorkspaceSpec(path=workspace_path, source="bundle", tar=workspace_tar, git="reset")
         if workspace_tar

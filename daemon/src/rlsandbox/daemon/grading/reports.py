@@ -425,9 +425,15 @@ def parse_report(fmt: str, data: bytes, *, exit_code: int | None = None, root: s
 
 
 # -- test ids -------------------------------------------------------------------------------------
+_UT_NAMED = re.compile(r"^(\w+) \(([\w.]+)\)$")
+
+
 def canonical_id(test_id: str) -> str:
-    """One spelling for the ids of pytest and JUnit: ``tests/test_a.py::C::t[x]`` and
-    ``tests.test_a.C::t[x]`` both become ``tests.test_a.C.t[x]`` (parameters kept verbatim)."""
+    """One spelling for the ids of pytest, JUnit and unittest: ``tests/test_a.py::C::t[x]`` and
+    ``tests.test_a.C::t[x]`` both become ``tests.test_a.C.t[x]`` (parameters kept verbatim);
+    ``t (tests.test_a.C)``, as unittest prints a test and SWE-bench lists Django's, ``tests.test_a.C.t``."""
+    if m := _UT_NAMED.match(test_id):
+        return _ut_id(m[1], m[2])
     head, bracket, params = test_id.partition("[")
     head = head.replace("::", ".").replace("/", ".")
     head = re.sub(r"\.py(?=\.|$)", "", head)
