@@ -621,8 +621,9 @@ def run_unittest_guarded(tmp_path: Path, evil: str, tests: str, *script: str) ->
         (ws / "runtests.py").write_text(script[0])
         command = ["runtests.py"]
     proc = subprocess.run([python, *command], cwd=ws, env=env, capture_output=True)
-    log = read_guard_log(proc.stderr + b"\n" + proc.stdout, setup.key)
+    log = read_guard_log(proc.stderr + b"\n" + proc.stdout, setup.key, "unittest")
     assert log.started and not (tmp_path / "guard.json").exists(), proc.stderr.decode()[-2000:]
+    assert all(t.startswith("unittest guard: ") for t in log.tampering), log.tampering
     output = split_records(proc.stderr, led=True)[1] + b"\n" + split_records(proc.stdout, led=True)[1]
     return log, parse_report("unittest", output, exit_code=proc.returncode)
 

@@ -397,7 +397,7 @@ class Grader:
         ]
         if guard is not None:
             # Records come through stderr, or stdout when the command merges them (2>&1).
-            checked = read_guard_log(run.stderr + b"\n" + run.stdout, guard.key)
+            checked = read_guard_log(run.stderr + b"\n" + run.stdout, guard.key, guard.runner)
             # The guard deletes its key file as it loads, before any workspace code runs. A key
             # file still there means no guard loaded, and the code under test could read the
             # key: records are then not trusted, whatever they say.

@@ -1,4 +1,5 @@
-"""The grader's side of the pytest guard (``pytest_guard.py``): its set-up and its verified log.
+"""The grader's side of the guard (``pytest_guard.py``, under pytest or unittest): its set-up and
+its verified log.
 
 Pure functions over bytes: ``guard_setup`` makes the files and the environment that load the
 guard into one clean-room run; ``read_guard_log`` finds the guard's records in the test command's
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
 
-from rlsandbox.daemon.grading.reports import Outcome, TestCase, TestReport
+from rlsandbox.daemon.grading.reports import Outcome, TestCase, TestReport, unittest_dotted
 from rlsandbox.daemon.model import WarmRun
 
 GUARD_SOURCE = (Path(__file__).with_name("pytest_guard.py")).read_bytes()
@@ -172,18 +173,10 @@ def split_records(stderr: bytes, led: bool = False) -> tuple[list[bytes], bytes]
     return records, b"\n".join(rest)
 
 
-_FIXTURE_ERROR = re.compile(r"^(\w+) \(([\w.]+)\)$")
-
-
-def _case_id(test_id: str) -> str:
-    """A unittest id as its output names it: "setUpClass (m.C)", a class fixture's error, is "m.C.setUpClass"."""
-    m = _FIXTURE_ERROR.match(test_id)
-    return f"{m[2]}.{m[1]}" if m else test_id
-
-
-def read_guard_log(stderr: bytes, key: bytes) -> GuardLog:
+def read_guard_log(stderr: bytes, key: bytes, runner: str = "pytest") -> GuardLog:
     """Verify and interpret the guard's records in ``stderr``. Never raises on bad input."""
     log = GuardLog()
+    name = f"{runner} guard"
     expected = 0
     raw: dict[tuple[str, str], str] = {}
     phases: dict[str, dict[str, Outcome]] = {}
@@ -193,23 +186,23 @@ def read_guard_log(stderr: bytes, key: bytes) -> GuardLog:
         body, _, mac = line.rpartition(b"\t")
         good = hmac.new(key, body, sha256).hexdigest().encode()
         if not hmac.compare_digest(mac, good):
-            log.tampering.append(f"pytest guard: record line {n} has a bad signature: written by the code under test")
+            log.tampering.append(f"{name}: record line {n} has a bad signature: written by the code under test")
             continue
         try:
             record = ast.literal_eval(body.decode("utf-8"))
             seq, kind, *fields = record
         except (ValueError, SyntaxError, TypeError, UnicodeDecodeError, MemoryError, RecursionError):
-            log.tampering.append(f"pytest guard: line {n} is signed but unreadable")
+            log.tampering.append(f"{name}: line {n} is signed but unreadable")
             continue
         if seq != expected:
-            log.tampering.append(f"pytest guard: record {expected} is missing from its log (found {seq}): log rewritten")
+            log.tampering.append(f"{name}: record {expected} is missing from its log (found {seq}): log rewritten")
         expected = seq + 1
         if kind == "start":
             log.started = True
         elif kind == "end":
             log.ended = True
         elif kind == "tamper":
-            log.tampering.append(f"pytest guard: {fields[0]}")
+            log.tampering.append(f"{name}: {fields[0]}")
         elif kind == "raw":
             nodeid, when, outcome = fields
             raw[(nodeid, when)] = outcome
@@ -217,18 +210,20 @@ def read_guard_log(stderr: bytes, key: bytes) -> GuardLog:
             nodeid, when, outcome, wasxfail = fields
             if outcome == "passed" and raw.get((nodeid, when)) not in ("passed", None):
                 log.tampering.append(
-                    f"pytest guard: {nodeid} ({when}) failed when it ran but its report says passed: report rewritten in-process"
+                    f"{name}: {nodeid} ({when}) failed when it ran but its report says passed: report rewritten in-process"
                 )
                 outcome = "failed"
             elif outcome == "passed" and (nodeid, when) not in raw and when == "call":
-                log.tampering.append(f"pytest guard: {nodeid} reported passed but never ran under the runner")
+                log.tampering.append(f"{name}: {nodeid} reported passed but never ran under the runner")
                 outcome = "failed"
             phases.setdefault(nodeid, {})[when] = _phase_outcome(when, outcome, wasxfail)
         elif kind == "case":  # unittest: each outcome its TestResult recorded, the worst counts
             try:
-                cases.setdefault(_case_id(str(fields[0])), set()).add(Outcome(fields[1]))
+                # A class fixture's error, "setUpClass (m.C)", as the output names it: "m.C.setUpClass".
+                test_id = str(fields[0])
+                cases.setdefault(unittest_dotted(test_id) or test_id, set()).add(Outcome(fields[1]))
             except (ValueError, IndexError):
-                log.tampering.append(f"pytest guard: line {n} is signed but unreadable")
+                log.tampering.append(f"{name}: line {n} is signed but unreadable")
         elif kind == "plan" and fields and isinstance(fields[0], tuple):  # unittest: the tests a run is given
             planned.update(dict.fromkeys(str(i) for i in fields[0]))
     for nodeid, by_phase in phases.items():

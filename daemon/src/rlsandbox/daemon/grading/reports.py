@@ -428,12 +428,19 @@ def parse_report(fmt: str, data: bytes, *, exit_code: int | None = None, root: s
 _UT_NAMED = re.compile(r"^(\w+) \(([\w.]+)\)$")
 
 
+def unittest_dotted(test_id: str) -> str | None:
+    """``t (tests.test_a.C)``, as unittest names a test (and a class fixture's error, ``setUpClass
+    (m.C)``) and SWE-bench lists Django's, dotted: ``tests.test_a.C.t``; None for another spelling."""
+    m = _UT_NAMED.match(test_id)
+    return _ut_id(m[1], m[2]) if m else None
+
+
 def canonical_id(test_id: str) -> str:
     """One spelling for the ids of pytest, JUnit and unittest: ``tests/test_a.py::C::t[x]`` and
     ``tests.test_a.C::t[x]`` both become ``tests.test_a.C.t[x]`` (parameters kept verbatim);
-    ``t (tests.test_a.C)``, as unittest prints a test and SWE-bench lists Django's, ``tests.test_a.C.t``."""
-    if m := _UT_NAMED.match(test_id):
-        return _ut_id(m[1], m[2])
+    ``t (tests.test_a.C)`` becomes ``tests.test_a.C.t`` (:func:`unittest_dotted`)."""
+    if dotted := unittest_dotted(test_id):
+        return dotted
     head, bracket, params = test_id.partition("[")
     head = head.replace("::", ".").replace("/", ".")
     head = re.sub(r"\.py(?=\.|$)", "", head)
