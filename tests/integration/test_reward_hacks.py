@@ -609,6 +609,15 @@ async def test_a_unittest_task_is_graded_from_its_guards_records(hclient: AsyncC
     assert {t.id: t.outcome for t in empty.tests if t.id in UT_IDS} == dict.fromkeys(UT_IDS, "failed")
 
 
+async def test_validation_calls_the_unittest_task_valid(hclient: AsyncClient, textkit_unittest: Task) -> None:
+    """Its gold patch passes under the unittest guard and its empty episode fails, with no finding."""
+    from rlsandbox.daemon.grading.validate import validate
+
+    report = await validate(hclient, [textkit_unittest], runs=2, concurrency=4)
+    verdict = report.tasks[0]
+    assert verdict.verdict == "valid", verdict.problems
+
+
 # Each prints or forges what a passing run shows, from the package (imported by the test module).
 UT_FORGED_OUTPUT = (
     "import sys as _s\n"
