@@ -748,6 +748,15 @@ def test_the_output_reads_as_written_once_the_unittest_guards_records_are_out() 
     assert len(records) == 3 and rest == b"header\n\nt (m.C.t) ... ok\nend\n"
 
 
+def test_output_cut_by_record_shaped_lines_at_every_byte_is_put_back_whole() -> None:
+    """A test's output can be made of record-shaped lines (no key: unsigned) between fragments of one
+    line, up to the 8 MiB output cap: the grader puts the line back together piece by piece, once."""
+    fake = b"(1, 'case')\t" + b"a" * 64
+    n = (8 << 20) // (len(fake) + 2)
+    records, rest = split_records(b"\n".join(fake + b"\nz" for _ in range(n)), led=True)
+    assert len(records) == n and rest == b"z" * n
+
+
 def test_unittest_guard_records_aggregate_to_the_worst_outcome() -> None:
     recs = [("start", 1, "3.11"), ("case", "m.C.t", "passed"), ("case", "m.C.t", "failed"), ("case", "m.C.s", "skipped"),
             ("case", "setUpClass (m.D)", "error"), ("case", "m.C.u", "passed"), ("end", "None")]  # fmt: skip

@@ -159,22 +159,22 @@ def split_records(stderr: bytes, led: bool = False) -> tuple[list[bytes], bytes]
     ``led``: each record was written after a newline of its own (the unittest guard's), which is
     taken out with it: a line the record cut in two is whole again."""
     records: list[bytes] = []
-    rest: list[bytes] = []
+    rest: list[list[bytes]] = []  # each line in its pieces, joined once at the end (linear in the output)
     join_next = False
     for line in stderr.split(b"\n"):
         if _RECORD.match(line):
             records.append(line)
-            if led and rest and rest[-1] == b"":
+            if led and rest and rest[-1] == [b""]:
                 rest.pop()  # the record's own newline, after a line that had ended
             elif led and rest:
                 join_next = True  # the record cut this line: what follows it ends the line
             continue
         if join_next:
-            rest[-1] += line
+            rest[-1].append(line)
             join_next = False
         else:
-            rest.append(line)
-    return records, b"\n".join(rest)
+            rest.append([line])
+    return records, b"\n".join(b"".join(pieces) for pieces in rest)
 
 
 def read_guard_log(stderr: bytes, key: bytes, runner: str = "pytest") -> GuardLog:
@@ -254,7 +254,7 @@ def read_guard_log(stderr: bytes, key: bytes, runner: str = "pytest") -> GuardLo
 def _fixture_outcome(tests: Mapping[str, Outcome], test_id: str) -> Outcome | None:
     module_class = test_id.rpartition(".")[0]
     module = module_class.rpartition(".")[0]
-    for fixture in (f"{module_class}.setUpClass", f"{module}.setUpModule", f"{module_class}.tearDownClass"):
+    for fixture in (f"{module_class}.setUpClass", f"{module}.setUpModule"):
         if fixture in tests and tests[fixture] is not Outcome.PASSED:
             return tests[fixture]
     return None

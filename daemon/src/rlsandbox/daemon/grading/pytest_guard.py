@@ -428,6 +428,7 @@ def _install(cfg):
     case_module = sys.modules.get("unittest.case")
     case_file = getattr(case_module, "__file__", None) or "/nonexistent/"
     subtest_type = getattr(case_module, "_SubTest", None)
+    skip_type = getattr(case_module, "SkipTest", None)
     suite_type = getattr(sys.modules.get("unittest.suite"), "BaseTestSuite", type(None))
     _exc_info = sys.exc_info
     runner = sys.modules.get("_pytest.runner")
@@ -1152,11 +1153,10 @@ def _install(cfg):
         if name == "addSkip":
             reason = args[0] if args else None
             exc = _exc_info()[1]
-            skip_test = getattr(sys.modules.get("unittest.case"), "SkipTest", None)
-            if _type(reason) is not _str or (exc is not None and _type(skip_test) is type and not _isinstance(exc, skip_test)):
+            if _type(reason) is not _str or (exc is not None and _type(skip_type) is type and not _isinstance(exc, skip_type)):
                 return "a failure was recorded as a skip by %s" % text(agents_or(caller))
             return None
-        wanted = {"addSuccess": "run", "addExpectedFailure": "_addExpectedFailure"}.get(name)
+        wanted = _RECORDED_IN.get(name)
         if wanted is None:
             return None
         frame = caller
@@ -1753,6 +1753,8 @@ _UT_OUTCOMES = {
     "addUnexpectedSuccess": "failed",  # unittest counts it as a failure of the run
     "addSubTest": None,  # a failed sub-test fails its test
 }
+# The function of unittest.case that records each of these for the test it runs.
+_RECORDED_IN = {"addSuccess": "run", "addExpectedFailure": "_addExpectedFailure"}
 
 
 def _record_unittest_results():
@@ -1765,19 +1767,24 @@ def _record_unittest_results():
 
     audit = sys.audit
 
-    def shown(cls, name, event, *extra):
+    def shown(cls, name, event, outcome=False):
+        # The event gets the object and the call's arguments; an outcome's (.case): the object,
+        # the test, the method's name and the other arguments (addSkip's reason, by keyword too).
         original = cls.__dict__[name]
 
         @functools.wraps(original)
         def method(self, *args, **kwargs):
-            shown_args = args + tuple(kwargs.values())  # addSkip(test, reason=...): the reason all the same
-            audit(event, self, *(shown_args[:1] + extra + (shown_args[1:],) if extra else shown_args))
+            if outcome:
+                rest = args[1:] + tuple(kwargs.values())
+                audit(event, self, args[0] if args else None, name, rest)
+            else:
+                audit(event, self, *args)
             return original(self, *args, **kwargs)
 
         type.__setattr__(cls, name, method)
 
     for name in _UT_OUTCOMES:
-        shown(unittest.result.TestResult, name, _NAME + ".case", name)
+        shown(unittest.result.TestResult, name, _NAME + ".case", outcome=True)
     shown(unittest.result.TestResult, "stop", _NAME + ".stop")
     shown(unittest.runner.TextTestRunner, "run", _NAME + ".plan")
 
