@@ -92,25 +92,61 @@ async def test_code_under_test_that_spoils_the_reward_file_scores_zero_not_a_mas
     node: NodeDaemon, harbor_task: dict[str, object]
 ) -> None:
     """A failing policy would rather be masked than penalised: its greet.py, imported by the
-    verifier, leaves a process that keeps turning the reward file into garbage, a FIFO (a read
-    would block) or a symlink. Each of those scores 0.0 with status ok, never an invalid task."""
+    verifier (as root), plants a .pth file that the verifier's next Python (the one that writes
+    the reward) runs as it starts, turning the reward file into garbage, a FIFO (a read would
+    block) or a symlink. Each of those scores 0.0 with status ok, never an invalid task."""
     spoil = {
-        "garbage": "echo not-a-number > $f",
-        "fifo": "rm -f $f; mkfifo $f",
-        "symlink": "rm -f $f; ln -s /etc/hostname $f",
+        "garbage": "open(f, 'w').write('not-a-number')",
+        "fifo": "os.mkfifo(f)",
+        "symlink": "os.symlink('/etc/hostname', f)",
     }
     async with AsyncClient(node.address, timeout=120) as client:
         for how, command in spoil.items():
-            loop = f"f=/logs/verifier/reward.txt; while :; do [ -e $f ] && {{ {command}; }}; sleep 0.01; done"
+            line = f"import os; f = '/logs/verifier/reward.txt'; os.path.lexists(f) and (os.unlink(f), {command})\n"
             code = (
-                "import subprocess\n"
-                f"subprocess.Popen(['setsid', 'sh', '-c', {loop!r}], start_new_session=True)\n"
+                "import os, site\n"
+                "folder = next(d for d in site.getsitepackages() if os.path.isdir(d))\n"
+                f"open(os.path.join(folder, 'zz-spoil.pth'), 'w').write({line!r})\n"
                 "def greet(name):\n    return 'Hello ' + name\n"
             )
             async with client.session(task=harbor_task) as s:
                 await s.write_files({"greet.py": code})
                 result = await s.grade()
             assert result.status == "ok" and result.reward == 0.0, (how, result.status, result.message)
+            assert "reward 0" in result.message, (how, result.message)
+
+
+UNFIXED = "def greet(name):\n    return 'Hello ' + name\n"  # the verifier's partial credit: 1/3
+
+
+@pytest.mark.parametrize("how", ["shadow-the-reader", "write-after-the-verifier"])
+async def test_code_under_test_cannot_give_itself_the_reward_once_the_verifier_has_written_it(
+    node: NodeDaemon, harbor_task: dict[str, object], how: str
+) -> None:
+    """The verifier imports the agent's greet.py as root. That code may not decide the reward after
+    the verifier wrote it: a module planted where an interpreter started in the workspace finds it
+    first (``json.py``, which a reward command run there would have imported: 1.0 before), and a
+    process left to write 1.0 once the verifier is done, both leave the verifier's 1/3. The reward
+    file is read by the daemon, once every process the tests started has ended; the grade's
+    message names them."""
+    planted = {
+        "shadow-the-reader": (
+            "open('/app/json.py', 'w').write('print(1.0, flush=True)\\nimport os\\nos._exit(0)\\n')\n"
+            "open('/app/math.py', 'w').write('print(1.0, flush=True)\\nimport os\\nos._exit(0)\\n')\n"
+        ),
+        "write-after-the-verifier": (
+            "import subprocess\n"
+            "f = '/logs/verifier/reward.txt'\n"
+            "late = f'while [ ! -s {f} ]; do sleep 0.01; done; sleep 0.5; echo 1.0 > {f}; echo 1.0 > {f}.late'\n"
+            "subprocess.Popen(['setsid', 'sh', '-c', late], start_new_session=True)\n"
+        ),
+    }[how]
+    async with AsyncClient(node.address, timeout=120) as client, client.session(task=harbor_task) as s:
+        await s.write_files({"greet.py": planted + UNFIXED})
+        result = await s.grade()
+    assert result.status == "ok" and result.reward == pytest.approx(1 / 3), (result.reward, result.message)
+    if how == "write-after-the-verifier":
+        assert "outlived it and were ended" in result.message and "sleep 0.5" in result.message, result.message
 
 
 def harbor_environment(node: NodeDaemon, mode: str = "no-network", **kwargs: object) -> object:

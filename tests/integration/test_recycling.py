@@ -344,6 +344,24 @@ json.dump(seen, open("/tmp/window.json", "w"))
 """
 
 
+async def test_a_recycling_rooms_last_command_ends_the_users_processes_and_spares_the_daemons(node: NodeDaemon) -> None:
+    """In a sandbox whose commands run as uid 1000 (a recycling clean room), ``end_leftovers``
+    ends what the user's command left and nothing of root's: the daemon's own commands (and the
+    warm interpreters) run on."""
+    async with AsyncClient(node.address, timeout=60) as client, client.session("recycled", acquire_timeout=60) as s:
+        sandbox = node.sessions.get(s.id).sandbox  # type: ignore[union-attr]
+        assert sandbox is not None
+        sleeper = asyncio.ensure_future(sandbox.exec(ExecRequest(shell="sleep 2; echo survived", as_root=True, timeout=20)))
+        await asyncio.sleep(0.3)
+        left = "setsid sh -c 'sleep 30; :' >/dev/null 2>&1 & (trap '' TERM; sleep 31; :) >/dev/null 2>&1 & echo done"
+        ended = await sandbox.exec(ExecRequest(shell=left, timeout=20, end_leftovers=True))
+        assert ended.stdout == b"done\n" and ended.ended >= 2, (ended.ended, ended.ended_names)
+        assert any("sleep 30" in n for n in ended.ended_names) and any("sleep 31" in n for n in ended.ended_names)
+        ps = await sandbox.exec(ExecRequest(argv=("ps", "-eo", "user,args"), as_root=True))
+        assert b"sleep 3" not in ps.stdout, ps.stdout
+        assert (await sleeper).stdout == b"survived\n"
+
+
 async def test_the_agent_starts_user_commands_with_their_ids_out_of_their_reach(node: NodeDaemon) -> None:
     """A recycling sandbox's agent starts the episode's commands with posix_spawn from a thread
     that holds the user's real and effective ids for the moment (no fork of the agent per

@@ -62,6 +62,30 @@ async def test_timeout_kills_grandchildren(sandbox: Sandbox) -> None:
     assert not leftovers, f"processes survived the timeout: {leftovers}"
 
 
+async def test_a_rooms_last_command_leaves_no_process_that_acts_after_it(sandbox: Sandbox) -> None:
+    """The clean room's tests run with ``end_leftovers``: whatever they started (in the
+    background, in a session of its own, double-forked, deaf to SIGTERM and SIGHUP) is ended as
+    they exit, before their result comes back, so nothing can write after them. The result names
+    what was ended. Other commands leave theirs running, as an episode's must."""
+    if sandbox.mode == "exec":
+        pytest.skip("the Engine API exec fallback has no agent to end them (docs/GRADING.md)")
+    late = f"/tmp/late-{os.urandom(4).hex()}"
+    leave = (
+        f"(trap '' TERM HUP; sleep 0.7; echo late > {late}-a) & "
+        f"setsid sh -c '(sleep 0.7; echo late > {late}-b) &' ; "
+        f"nohup sh -c 'sleep 0.7; echo late > {late}-c' >/dev/null 2>&1 & "
+        "echo done"
+    )
+    ended = await sandbox.exec(ExecRequest(shell=leave, timeout=30, end_leftovers=True))
+    assert ended.exit_code == 0 and ended.stdout == b"done\n" and ended.duration < 0.5
+    assert ended.ended >= 3 and sum("sleep 0.7" in name for name in ended.ended_names) >= 2, ended.ended_names
+    kept = await sandbox.exec(ExecRequest(shell=f"(sleep 0.3; echo late > {late}-d) >/dev/null 2>&1 & echo done"))
+    assert kept.ended == 0
+    await asyncio.sleep(1.5)
+    found = await sandbox.exec(ExecRequest(shell=f"ls {late}-* 2>/dev/null"))
+    assert found.stdout.decode().split() == [f"{late}-d"]
+
+
 async def test_output_caps_report_truncation_and_total(sandbox: Sandbox) -> None:
     r = await sandbox.exec(
         ExecRequest(shell="head -c 300000 /dev/zero; head -c 5000 /dev/zero >&2", stdout_cap=1000, stderr_cap=10_000)

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from rlsandbox.daemon.grading.importers import HARBOR_REWARD, HARBOR_TESTS, from_harbor
+from rlsandbox.daemon.grading.importers import HARBOR_REWARD_FILES, HARBOR_TESTS, from_harbor
 from rlsandbox.daemon.grading.task import TaskError, TaskSpec
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "harbor" / "fix-greeting"
@@ -24,7 +24,11 @@ def test_a_harbor_task_becomes_a_task_whose_tests_only_the_clean_room_gets() -> 
     ev = spec.evaluation
     assert set(ev.hidden_tests) == {f"{HARBOR_TESTS}/test.sh", f"{HARBOR_TESTS}/test_outputs.py"}
     assert "bash /tests/test.sh" in ev.test_command and ev.timeout == 120.0 and ev.env == {"GREETING_LANG": "en"}
-    assert ev.reward.policy == "command" and ev.reward.command == HARBOR_REWARD
+    # Harbor's reward files, read by the daemon: no command in the room the tests' code ran in.
+    assert ev.reward.policy == "file" and ev.reward.files == HARBOR_REWARD_FILES == [
+        "/logs/verifier/reward.txt",
+        "/logs/verifier/reward.json",
+    ]
     assert f"{HARBOR_TESTS}/**" in ev.protected  # what the agent plants where the tests arrive is discarded
     assert spec.metadata["solution_script"].startswith("#!/bin/bash") and spec.metadata["environment"]["cpus"] == 1
     # The image tag follows the environment's content, and the spec round-trips through JSON.

@@ -23,6 +23,7 @@ from rlsandbox.daemon.grading.rewards import (
     compute_reward,
     grade_tests,
     parse_command_reward,
+    parse_reward_file,
 )
 from rlsandbox.daemon.grading.task import (
     EvaluationSpec,
@@ -495,6 +496,34 @@ def test_command_reward_parsing() -> None:
     for bad in (b"", b"nan\n", b"great\n"):
         with pytest.raises(ValueError):
             parse_command_reward(bad)
+
+
+def test_a_reward_file_scores_what_was_written_and_anything_else_zero() -> None:
+    assert parse_reward_file(b"0.75\n", False) == (0.75, "")
+    assert parse_reward_file(b'{"reward": 1, "tests": 3}', True) == (1.0, "")
+    for data, as_json in [
+        (b"", False),
+        (b"great\n", False),
+        (b"nan", False),
+        (b"inf", False),
+        (b"1e999", False),
+        (b"1.0" + b" " * (64 << 10), False),  # past the cap, even if it would parse
+        (b"[1]", True),
+        (b'{"score": 1}', True),
+        (b'{"reward": "NaN"}', True),
+        (b"\xff\xfe", True),
+    ]:
+        value, why = parse_reward_file(data, as_json)
+        assert value == 0.0 and why, data[:20]
+
+
+def test_a_file_reward_names_its_files_plainly() -> None:
+    assert RewardSpec(policy="file", files=["/logs/verifier/reward.txt"]).files == ["/logs/verifier/reward.txt"]
+    with pytest.raises(ValidationError, match=r"needs reward\.files"):
+        RewardSpec(policy="file")
+    for bad in ["", "/logs/../etc/passwd", "a\0b"]:
+        with pytest.raises(ValidationError, match="not a plain path"):
+            RewardSpec(policy="file", files=[bad])
 
 
 def test_log_cap_keeps_head_and_tail() -> None:

@@ -112,6 +112,9 @@ class ExecRequest:
     # The daemon's own commands, never an episode's (the API has no such field):
     as_root: bool = False  # as the agent's user, where the episode's commands run as another
     cap_kills: bool = False  # killed once its stdout passes stdout_cap (a bounded read)
+    # The room's last command (the clean room's tests): as it exits, the agent ends every process
+    # it left (all but the agent and its warm interpreters), before the result is sent.
+    end_leftovers: bool = False
     # The same command as `python -m module args`, which a recycling sandbox may fork from its warm
     # interpreter (the clean room's pytest; agent/sandbox_agent.py, "warm Python"); else ``shell``.
     warm: WarmRun | None = None
@@ -138,6 +141,8 @@ class ExecResult:
     duration: float
     cancelled: bool = False
     shell_exited: bool = False
+    ended: int = 0  # end_leftovers: how many processes the command left were ended
+    ended_names: tuple[str, ...] = ()  # the first of their command lines
 
     @property
     def ok(self) -> bool:

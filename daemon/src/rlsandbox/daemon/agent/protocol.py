@@ -103,6 +103,8 @@ def exec_request(req: ExecRequest, *, stream: bool) -> tuple[dict[str, Any], byt
         meta["root"] = True
     if req.cap_kills:
         meta["cap_kills"] = True
+    if req.end_leftovers:
+        meta["end_leftovers"] = True
     if req.warm is not None:
         meta["warm"] = {"python": req.warm.python, "module": req.warm.module, "args": list(req.warm.args)}
     return meta, req.stdin
@@ -128,6 +130,8 @@ def exec_result(meta: dict[str, Any], body: bytes, streamed: tuple[bytes, bytes]
         stdout_truncated=bool(meta.get("stdout_truncated")),
         stderr_truncated=bool(meta.get("stderr_truncated")),
         duration=float(meta.get("duration", 0.0)),
+        ended=int(meta.get("ended") or 0),
+        ended_names=tuple(str(n) for n in meta.get("ended_names") or ()),
     )
 
 

@@ -327,6 +327,8 @@ _HOME = []
 _OWNER = []
 # Writable places a reset wipes, besides the workdir; each must be a mount of its own to count.
 WIPED = ("/tmp", "/dev/shm", "/dev/mqueue")
+LEFTOVER_NAMES = 10  # command lines an end of leftovers names (it counts every one)
+LEFTOVER_NAME_CHARS = 120
 RESET_KILL_WINDOW = 5.0  # seconds a reset may spend ending processes before it gives up
 
 
@@ -752,6 +754,10 @@ class _ProcessCommand(_Command):
         self.exit_status = None
         self.exited_at = None
         self.open_pipes = 2
+        # The room's last command (the clean room's tests): as it exits, every process it left
+        # is ended, before anything reads what they could still change.
+        self.end_leftovers = bool(req.get("end_leftovers"))
+        self.extra = None
         spawned = isinstance(self.proc, _Spawned)  # its read ends are non-blocking already
         agent.watch(self.proc.stdout.fileno(), self, 1, nonblocking=spawned)
         agent.watch(self.proc.stderr.fileno(), self, 2, nonblocking=spawned)
@@ -767,6 +773,8 @@ class _ProcessCommand(_Command):
         self.exit_status = status
         self.proc.returncode = status  # keep subprocess from ever waiting on this pid again
         self.exited_at = time.monotonic()
+        if self.end_leftovers:
+            self.extra = self.agent.end_leftovers()
         self.maybe_finish()
 
     def kill(self):
@@ -817,9 +825,9 @@ class _ProcessCommand(_Command):
             self.agent.drop_stdin(self.proc.stdin)
         status = self.exit_status
         if os.WIFSIGNALED(status):
-            self.finish(None, os.WTERMSIG(status))
+            self.finish(None, os.WTERMSIG(status), self.extra)
         else:
-            self.finish(os.WEXITSTATUS(status), None)
+            self.finish(os.WEXITSTATUS(status), None, self.extra)
 
 
 class _Shell(object):
@@ -1434,6 +1442,45 @@ class Agent(object):
                 self.warm_failed.add(key)
         warm = sum(1 for w in self.warm.values() if w.alive and w.modules is not None)
         return {"ok": True, "why": "", "checks": checks, "resets": self.resets, "warm": warm}
+
+    def end_leftovers(self):
+        """End every process but this agent and its warm interpreters: what the room's last
+        command left behind (a daemonized or double-forked writer the clean room's tests started)
+        must not act after it. Called as that command exits, before its result is sent, so nothing
+        the daemon reads next (reports, a reward file) can change any more. All of them are
+        stopped at once (none can fork or write past that), named, then killed.
+
+        Returns {"ended": count, "ended_names": [up to LEFTOVER_NAMES command lines]}, or
+        {"ended": None} where this agent is not its sandbox's PID 1 ("every process" would not be
+        the sandbox's)."""
+        if os.getpid() != 1:
+            return {"ended": None}
+        spared = set(w.pid for w in self.warm.values() if w.alive)
+
+        def signal_all(sig):
+            if _OWNER:
+                _kill_user(sig)  # the episode's user's processes: root's warm interpreters are spared
+            elif not spared:
+                try:
+                    os.kill(-1, sig)  # from PID 1: every process of the namespace but itself
+                except ProcessLookupError:
+                    pass
+            else:  # no warm interpreter runs where commands run as root; never signal one anyway
+                for pid in _pids():
+                    if pid != 1 and pid not in spared:
+                        try:
+                            os.kill(pid, sig)
+                        except OSError:
+                            pass
+
+        signal_all(signal.SIGSTOP)
+        others = [pid for pid in _pids() if pid != 1 and pid not in spared]
+        if _OWNER:  # the user's, not root's (the daemon's own commands run on)
+            others = [pid for pid in others if _uid(pid) == _OWNER[0][0]]
+        names = [name for name in map(_cmdline, others) if name]  # a zombie's is empty: it had ended
+        if others:
+            signal_all(signal.SIGKILL)
+        return {"ended": len(names), "ended_names": names[:LEFTOVER_NAMES]}
 
     def _retry_spawns(self):
         backlog, self.spawn_backlog = self.spawn_backlog, []
@@ -2074,6 +2121,30 @@ def _pids():
     return [int(n) for n in os.listdir("/proc") if n.isdigit()]
 
 
+def _uid(pid):
+    """A process's real uid (its status file is readable even where the process is not dumpable);
+    None for one gone."""
+    try:
+        with open("/proc/%d/status" % pid, "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cmdline(pid):
+    """A process's command line, shortened for a message; empty for a zombie or one gone."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            raw = f.read(LEFTOVER_NAME_CHARS + 1)
+    except OSError:
+        return ""
+    text = raw.replace(b"\0", b" ").strip().decode("utf-8", "replace")
+    return text if len(text) <= LEFTOVER_NAME_CHARS else text[: LEFTOVER_NAME_CHARS - 3] + "..."
+
+
 def _mountinfo():
     with open("/proc/self/mountinfo", "rb") as f:
         return f.read()
@@ -2118,19 +2189,20 @@ def _fork_as_user(action):
             break
 
 
-def _kill_user():
-    """SIGKILL every process of the episode's user in one call: kill(-1) as that user reaches
-    exactly the processes it may signal, all at once (never PID 1: the agent itself, whose
-    spawner thread takes the user's ids for it; otherwise a child of it that is the user sends it)."""
-    if not _ROOT:
-        _as_user(lambda: os.kill(-1, signal.SIGKILL))
-        return
+def _kill_user(sig=signal.SIGKILL):
+    """Send ``sig`` (SIGKILL) to every process of the episode's user in one call: kill(-1) as that
+    user reaches exactly the processes it may signal, all at once (never PID 1: the agent itself,
+    whose spawner thread takes the user's ids for it; otherwise a child of it that is the user sends it)."""
 
     def kill():
         try:
-            os.kill(-1, signal.SIGKILL)
+            os.kill(-1, sig)
         except ProcessLookupError:
             pass
+
+    if not _ROOT:
+        _as_user(kill)
+        return
 
     _spawner().call(kill, True)
 

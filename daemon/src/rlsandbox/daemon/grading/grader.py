@@ -39,6 +39,7 @@ from rlsandbox.daemon.grading.prepare import STEP_TIMEOUT, TASK_CACHE_BYTES, Rea
 from rlsandbox.daemon.grading.reports import OUTPUT_FORMATS, Outcome, TestReport, lookup, parse_report
 from rlsandbox.daemon.grading.rewards import (
     MISSING,
+    REWARD_FILE_CAP,
     GradedTest,
     GradeResult,
     GradeStatus,
@@ -48,6 +49,7 @@ from rlsandbox.daemon.grading.rewards import (
     episodes_mess,
     grade_tests,
     parse_command_reward,
+    parse_reward_file,
 )
 from rlsandbox.daemon.grading.room import AgentsMess, TaskSetupFailed, file_data, plan_room
 from rlsandbox.daemon.grading.shadowing import PROBE, ImportFacts, interpreters
@@ -369,6 +371,9 @@ class Grader:
                     stdout_cap=OUTPUT_CAP,
                     stderr_cap=OUTPUT_CAP,
                     warm=warm,
+                    # Nothing the tests started acts after them: what is read next (the test
+                    # files, the report, the guard's key file, a reward file) is as they left it.
+                    end_leftovers=True,
                 )
             )
         # Read back no more than the largest of them was: what the run put there is not the task's,
@@ -392,6 +397,11 @@ class Grader:
         exit_code = run.exit_code if not run.timed_out else None
         report = parse_report(ev.report_format, data, exit_code=exit_code, root=ws)
         problems = list(report.problems)
+        if run.ended:
+            problems.append(
+                f"{run.ended} process(es) the test command started outlived it and were ended before its results "
+                f"were read: {', '.join(' '.join(name.split()) for name in run.ended_names)}"
+            )
         detected = list(detected) + [
             f"the test file {posixpath.relpath(p, ws)} was changed during the test run" for p in rewritten
         ]
@@ -459,6 +469,10 @@ class Grader:
             if result.reward is None:
                 result.status = GradeStatus.INVALID_TASK
                 problems.append(f"the reward command failed (exit {scored.exit_code}, timed out: {scored.timed_out})")
+        elif ev.reward.policy == "file":
+            result.reward, why = await self._reward_file(room, [posixpath.join(ws, p) for p in ev.reward.files], owned)
+            if why:
+                problems.append(why)
         else:
             result.reward = compute_reward(ev.reward, tests)
             if result.reward and not ev.graded_ids and not report.complete:
@@ -472,6 +486,28 @@ class Grader:
             problems.insert(0, f"tampering detected ({len(detected)} finding(s)): reward 0 under the strict policy")
         result.message = "; ".join(problems)
         return result
+
+    async def _reward_file(self, room: Sandbox, paths: list[str], owned: bool) -> tuple[float, str]:
+        """The reward in the first of ``paths`` that exists, read by the room's agent or the engine
+        (never by a command in the room: the tests' code, root in a fresh room, may have replaced
+        any program there, or put a module where an interpreter started in the workspace finds
+        it first). Every process the tests started has ended (``end_leftovers``): the file is as
+        the test command left it. A symlink, FIFO or folder there scores 0.0 (no file followed)."""
+        for path in paths:
+            if owned:
+                [st] = await room.stat([path])
+                kind = st.type if st.exists else None
+            else:
+                found = await self.runtime.stat_path(room.container_id, path)
+                kind = None if found is None else _engine_kind(int(found.get("mode", 0)))
+            if kind is None:
+                continue
+            if kind != "file":
+                return 0.0, f"the reward file {path} is a {kind}, not a file: reward 0"
+            data = await self._read(room, path, owned, REWARD_FILE_CAP + 1)
+            value, why = parse_reward_file(data, path.endswith(".json"))
+            return value, f"the reward file {path}: {why}: reward 0" if why else ""
+        return 0.0, f"the test command wrote no reward file ({', '.join(paths)}): reward 0"
 
     async def _test_files(self, room: Sandbox, paths: list[str], cap: int) -> dict[str, tuple[bytes, int] | None]:
         """What the room's agent reads of each file (content up to ``cap`` bytes, and size); None
@@ -493,15 +529,26 @@ class Grader:
         except SandboxError:
             return False
 
-    async def _read(self, room: Sandbox, path: str, owned: bool) -> bytes:
+    async def _read(self, room: Sandbox, path: str, owned: bool, cap: int = MAX_REPORT_BYTES) -> bytes:
         try:
             if owned:
-                [got] = await room.read_files([path], MAX_REPORT_BYTES)
+                [got] = await room.read_files([path], cap)
                 return got.data if got.error is None else b""
-            data, _ = await self.runtime.get_file(room.container_id, path, MAX_REPORT_BYTES)
+            data, _ = await self.runtime.get_file(room.container_id, path, cap)
             return data
         except (SandboxError, IsADirectoryError):
             return b""
+
+
+def _engine_kind(mode: int) -> str:
+    """A path's kind from the engine's stat mode (Go's os.FileMode bits)."""
+    if mode & (1 << 31):
+        return "folder"
+    if mode & (1 << 27):
+        return "symlink"
+    if mode & ((1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)):  # device, pipe, socket, char device, irregular
+        return "special file"
+    return "file"
 
 
 def _disagreements(output: TestReport, guard: TestReport) -> list[str]:

@@ -476,32 +476,11 @@ def instance_image(instance: Mapping[str, Any], template: str) -> str:
 
 # -- Harbor / Terminal-Bench task folders --------------------------------------------------------
 HARBOR_TESTS = ".rlsandbox-harbor-tests"  # where the clean room receives tests/ (then moved to /tests)
-# Harbor's reward file, read after the verifier. Whatever the code under test left there (no file,
-# a symlink, a FIFO that would block a read, garbage, a huge file) scores 0.0: never an error, which
-# would make the episode an invalid task, masked instead of penalised.
-_READ_REWARD = """
-import json, math, os, stat
-def read(path, as_json):
-    try:  # no symlink followed, no FIFO waited on: what is opened is what is checked
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return 0.0
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_size > 65536:
-            return 0.0
-        try:
-            text = f.read(65536).decode("utf-8", "replace")
-            value = float(json.loads(text)["reward"]) if as_json else float(text.strip())
-        except Exception:
-            return 0.0
-    return value if math.isfinite(value) else 0.0
-value = read("/logs/verifier/reward.txt", False)
-print(value if value is not None else (read("/logs/verifier/reward.json", True) or 0.0))
-"""
-HARBOR_REWARD = f"python3 -c {shlex.quote(_READ_REWARD)}"
+# Harbor's reward files, read by the daemon once the verifier and every process it started have
+# ended (reward.policy "file": never by a command in the room, which the code under test could have
+# replaced). Whatever is there that is not a number (a symlink, a FIFO, garbage, a huge file) scores
+# 0.0: never an error, which would make the episode an invalid task, masked instead of penalised.
+HARBOR_REWARD_FILES = ["/logs/verifier/reward.txt", "/logs/verifier/reward.json"]
 
 
 @dataclass(frozen=True)
@@ -582,7 +561,7 @@ def from_harbor(
             hidden_tests=hidden,
             # What the agent writes where the tests arrive is discarded (and reported as tampering).
             protected=[*DEFAULT_PROTECTED, f"{HARBOR_TESTS}/**", HARBOR_TESTS],
-            reward=RewardSpec(policy="command", command=HARBOR_REWARD),
+            reward=RewardSpec(policy="file", files=HARBOR_REWARD_FILES),
         ),
         metadata=metadata,
     )

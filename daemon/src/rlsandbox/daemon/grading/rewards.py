@@ -8,6 +8,8 @@ counts as failed (an agent that kills the test runner early gains nothing by it)
 from __future__ import annotations
 
 import enum
+import json
+import math
 from dataclasses import dataclass, field
 
 from rlsandbox.daemon.grading.reports import Outcome, TestReport, lookup
@@ -125,6 +127,29 @@ def parse_command_reward(stdout: bytes) -> float:
     if value != value or value in (float("inf"), float("-inf")):
         raise ValueError(f"the reward command printed {lines[-1]!r}, not a finite number")
     return value
+
+
+REWARD_FILE_CAP = 64 << 10
+
+
+def parse_reward_file(data: bytes, as_json: bool) -> tuple[float, str]:
+    """The reward a test command wrote into a reward file, and why it is 0.0 when it is not what
+    was written. Never raises: what the code under test made of the file (garbage, a huge file,
+    a NaN) scores 0.0, never an error that would turn the episode into a masked invalid task."""
+    if len(data) > REWARD_FILE_CAP:
+        return 0.0, f"larger than {REWARD_FILE_CAP} bytes"
+    text = data.decode("utf-8", "replace")
+    try:
+        if as_json:
+            found = json.loads(text)
+            value = float(found["reward"]) if isinstance(found, dict) else float("nan")
+        else:
+            value = float(text.strip())
+    except (ValueError, KeyError, TypeError, OverflowError):
+        return 0.0, "not a number" if not as_json else "no number under 'reward'"
+    if not math.isfinite(value):
+        return 0.0, f"{value} is not a finite number"
+    return value, ""
 
 
 def cap_log(stdout: bytes, stderr: bytes, cap: int = LOG_CAP) -> bytes:

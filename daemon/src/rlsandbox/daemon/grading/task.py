@@ -119,19 +119,36 @@ class WorkspaceSpec(_Model):
 
 
 class RewardSpec(_Model):
-    policy: Literal["resolved", "fraction", "weighted", "command"] = Field(
+    policy: Literal["resolved", "fraction", "weighted", "command", "file"] = Field(
         "resolved",
         description="resolved: 1.0 when every FAIL_TO_PASS and PASS_TO_PASS test passes, else 0.0; fraction: share "
-        "of those tests that pass; weighted: weighted share (`weights`); command: the last line of `command`'s stdout.",
+        "of those tests that pass; weighted: weighted share (`weights`); command: the last line of `command`'s stdout; "
+        "file: the number the test command wrote into the first of `files` that exists (Harbor's reward file).",
     )
     weights: dict[str, float] = Field(default_factory=dict, description="weighted: test id -> weight.")
     default_weight: float = Field(1.0, ge=0, description="weighted: weight of tests not in `weights`.")
-    command: str | None = Field(None, description="command: a shell command run in the clean room after the tests.")
+    command: str | None = Field(
+        None,
+        description="command: a shell command run in the clean room after the tests (it runs on what the tests' "
+        "code left there; prefer `file`).",
+    )
+    files: list[str] = Field(
+        default_factory=list,
+        max_length=8,
+        description="file: absolute paths (or workspace-relative), tried in order; read by the daemon once the test "
+        "command and every process it started have ended. A number (`.json`: its `reward` key); anything else, or no "
+        "file, scores 0.0.",
+    )
 
     @model_validator(mode="after")
     def _command(self) -> RewardSpec:
         if self.policy == "command" and not self.command:
             raise ValueError("reward.policy 'command' needs reward.command")
+        if self.policy == "file" and not self.files:
+            raise ValueError("reward.policy 'file' needs reward.files (e.g. [\"/logs/verifier/reward.txt\"])")
+        for path in self.files:
+            if not path or "\0" in path or ".." in path.split("/"):
+                raise ValueError(f"reward.files: {path!r} is not a plain path (no '..', no NUL)")
         return self
 
 
