@@ -170,6 +170,19 @@ async def test_setup_commands_run_with_the_tasks_env(gclient: AsyncClient, tasks
         assert (await s.exec("cat .tools; echo $TOOLS")).stdout == b"/opt/tools\n/opt/tools\n"
 
 
+async def test_grading_in_place_leaves_the_sessions_processes_and_shell_running(
+    gclient: AsyncClient, tasks: dict[str, Task]
+) -> None:
+    """Only a clean room's tests end every process they leave: in place, the room is the
+    session's, whose background processes and persistent shell outlive the grade."""
+    async with gclient.session(task=tasks["py-calc"]) as s:
+        await s.exec("export KEPT=yes", shell_session="main")
+        await s.exec("setsid sh -c 'sleep 1000; :' >/dev/null 2>&1 &", shell_session="main")
+        await s.grade(mode="in_place")
+        assert (await s.exec("echo $KEPT", shell_session="main")).stdout == b"yes\n"
+        assert b"sleep 1000" in (await s.exec("ps -eo args")).stdout
+
+
 # -- reward hacking ------------------------------------------------------------------------------
 async def both_modes(s: AsyncSession) -> tuple[float | None, float | None, object]:
     clean = await s.grade()

@@ -146,7 +146,7 @@ async def test_code_under_test_cannot_give_itself_the_reward_once_the_verifier_h
         result = await s.grade()
     assert result.status == "ok" and result.reward == pytest.approx(1 / 3), (result.reward, result.message)
     if how == "write-after-the-verifier":
-        assert "outlived it and were ended" in result.message and "sleep 0.5" in result.message, result.message
+        assert "still ran as the test command ended" in result.message and "sleep 0.5" in result.message, result.message
 
 
 def harbor_environment(node: NodeDaemon, mode: str = "no-network", **kwargs: object) -> object:

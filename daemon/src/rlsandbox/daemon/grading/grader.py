@@ -280,7 +280,7 @@ class Grader:
         # The naive baseline on purpose: no guard, no shadowing rules (the agent owns this sandbox's
         # interpreter and site-packages anyway). Tests use it to prove that each attack works.
         evaluated = time.monotonic()
-        result = await self._evaluate(agent, task, facts=None, changed=[], detected=[])
+        result = await self._evaluate(agent, task, facts=None, changed=[], detected=[], clean_room=False)
         pool = self.pools.get(agent.pool)
         if pool is not None:
             _host_oom_during_run(pool, agent, evaluated, "the sandbox")
@@ -310,11 +310,14 @@ class Grader:
         changed: list[str],
         detected: list[str],
         test_files: Sequence[str] = (),
+        clean_room: bool = True,
     ) -> GradeResult:
         """Run the tests (under the pytest guard where pytest runs), read and check what they
         report, compute the reward. ``detected``: tampering found before the run. ``test_files``
         (relative to the workspace): read by the room's agent before and after the run; one that
-        changed in between was rewritten by the code under test, whatever the runner."""
+        changed in between was rewritten by the code under test, whatever the runner.
+        ``clean_room``: the room is the grade's alone, so every process the tests leave is ended as
+        they exit (not in place: the session's own processes and shells run on)."""
         ws = task.spec.workspace.path
         ev = task.spec.evaluation
         # The report goes where the agent never had a sandbox and never saw the name (/tmp on a
@@ -373,7 +376,7 @@ class Grader:
                     warm=warm,
                     # Nothing the tests started acts after them: what is read next (the test
                     # files, the report, the guard's key file, a reward file) is as they left it.
-                    end_leftovers=True,
+                    end_leftovers=clean_room,
                 )
             )
         # Read back no more than the largest of them was: what the run put there is not the task's,
@@ -399,8 +402,8 @@ class Grader:
         problems = list(report.problems)
         if run.ended:
             problems.append(
-                f"{run.ended} process(es) the test command started outlived it and were ended before its results "
-                f"were read: {', '.join(' '.join(name.split()) for name in run.ended_names)}"
+                f"{run.ended} process(es) still ran as the test command ended (its own or the setup's): ended before "
+                f"its results were read: {', '.join(' '.join(name.split()) for name in run.ended_names)}"
             )
         detected = list(detected) + [
             f"the test file {posixpath.relpath(p, ws)} was changed during the test run" for p in rewritten
