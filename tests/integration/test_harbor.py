@@ -126,9 +126,9 @@ async def test_code_under_test_cannot_give_itself_the_reward_once_the_verifier_h
     """The verifier imports the agent's greet.py as root. That code may not decide the reward after
     the verifier wrote it: a module planted where an interpreter started in the workspace finds it
     first (``json.py``, which a reward command run there would have imported: 1.0 before), and a
-    process left to write 1.0 once the verifier is done, both leave the verifier's 1/3. The reward
-    file is read by the daemon, once every process the tests started has ended; the grade's
-    message names them."""
+    process left to write 1.0 once the verifier is done (2 s later), both leave the verifier's
+    1/3. The reward file is read by the daemon, once every process the tests started has ended;
+    the grade's message names them."""
     planted = {
         "shadow-the-reader": (
             "open('/app/json.py', 'w').write('print(1.0, flush=True)\\nimport os\\nos._exit(0)\\n')\n"
@@ -137,7 +137,7 @@ async def test_code_under_test_cannot_give_itself_the_reward_once_the_verifier_h
         "write-after-the-verifier": (
             "import subprocess\n"
             "f = '/logs/verifier/reward.txt'\n"
-            "late = f'while [ ! -s {f} ]; do sleep 0.01; done; sleep 0.5; echo 1.0 > {f}; echo 1.0 > {f}.late'\n"
+            "late = f'while [ ! -s {f} ]; do sleep 0.01; done; sleep 2; echo 1.0 > {f}; echo 1.0 > {f}.late'\n"
             "subprocess.Popen(['setsid', 'sh', '-c', late], start_new_session=True)\n"
         ),
     }[how]
@@ -146,7 +146,7 @@ async def test_code_under_test_cannot_give_itself_the_reward_once_the_verifier_h
         result = await s.grade()
     assert result.status == "ok" and result.reward == pytest.approx(1 / 3), (result.reward, result.message)
     if how == "write-after-the-verifier":
-        assert "still ran as the test command ended" in result.message and "sleep 0.5" in result.message, result.message
+        assert "still ran as the test command ended" in result.message and "sleep 2" in result.message, result.message
 
 
 def harbor_environment(node: NodeDaemon, mode: str = "no-network", **kwargs: object) -> object:

@@ -176,20 +176,23 @@ async def test_the_warm_interpreter_is_out_of_the_episodes_reach(node: NodeDaemo
         for _ in range(6):
             await _graded(client, task, fixed=True)
         attacked = 0
-        # A warm interpreter starts at the end of a sandbox's reset, when its imports finish within
-        # a few seconds: on a loaded machine a reset may give up on one, so look in more sessions
-        # (CI, loaded, met none in 12 once; each miss costs one grade).
-        for _ in range(24):
+        # A warm interpreter starts at the end of a clean room's reset, when its imports finish
+        # within a few seconds (on a loaded machine a reset may give up on one: try again). Sessions
+        # prefer sandboxes without one, so a session meets one only where no other is ready: while
+        # a graded session holds the pool's other sandbox (max_total 2), the next session gets the
+        # room that session's grade just used. (Left to timing, CI once met none in 24 sessions.)
+        for _ in range(12):
             if attacked >= 3:
                 break
-            async with client.session("python", acquire_timeout=60) as s:
-                pids = (await s.exec(["python3", "-c", WARM_PROCESS])).stdout.split()
-                if not pids:
-                    await _graded(client, task, fixed=True)  # a grade asks for a warm interpreter again
-                    continue
-                attacked += 1
-                pid = pids[0].decode()
-                await _attack(s, pid)
+            async with client.session(task=task, acquire_timeout=60) as holder:
+                await holder.write_files({"calc/__init__.py": FIX})
+                assert (await holder.grade()).reward == 1.0
+                async with client.session("python", acquire_timeout=60) as s:
+                    pids = (await s.exec(["python3", "-c", WARM_PROCESS])).stdout.split()
+                    if not pids:
+                        continue
+                    attacked += 1
+                    await _attack(s, pids[0].decode())
         assert attacked, "no episode met a warm interpreter"
         for i in range(4):
             reward, _ = await _graded(client, task, fixed=i % 2 == 0)
