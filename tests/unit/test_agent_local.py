@@ -38,6 +38,7 @@ async def test_invalid_utf8_output_is_returned_as_bytes(channel: AgentChannel) -
     assert r.stdout == b"\xc3\x28\xffok"
 
 
+@pytest.mark.processes
 async def test_cancelling_the_caller_kills_the_command(channel: AgentChannel, tmp_path: object) -> None:
     marker = f"/tmp/rls-cancel-{os.getpid()}"
     task = asyncio.create_task(channel.exec(ExecRequest(shell=f"sleep 0.5; touch {marker}", timeout=30)))
@@ -49,6 +50,7 @@ async def test_cancelling_the_caller_kills_the_command(channel: AgentChannel, tm
     assert not os.path.exists(marker), "the command kept running after its caller was cancelled"
 
 
+@pytest.mark.processes
 async def test_stream_delivers_chunks_while_running(channel: AgentChannel) -> None:
     arrivals: list[tuple[float, OutputChunk]] = []
     started = time.monotonic()
@@ -79,6 +81,7 @@ async def test_unknown_protocol_version_gets_an_error_and_the_agent_lives_on() -
     await ch.close()
 
 
+@pytest.mark.processes
 async def test_garbage_on_the_wire_ends_the_agent_and_fails_callers() -> None:
     transport = await SubprocessTransport.start()
     ch = AgentChannel(transport, name="g")
@@ -101,6 +104,7 @@ async def test_shutdown_exits_cleanly() -> None:
     await ch.close()
 
 
+@pytest.mark.processes
 async def test_socket_agent_survives_its_daemon_and_serves_the_next_one(tmp_path: Path) -> None:
     """What crash recovery rests on: the agent outlives a dropped connection, cancels the commands
     of the connection that went away (a reconnecting daemon numbers requests from 1 again), and
@@ -162,6 +166,7 @@ async def test_commands_start_like_popen_would_start_them(channel: AgentChannel,
     assert (await channel.exec(ExecRequest(argv=("hello-from-path",), timeout=10))).exit_code == 127  # not on the agent's PATH
 
 
+@pytest.mark.processes
 async def test_agent_survives_its_daemon_vanishing_mid_output(tmp_path: Path) -> None:
     """A daemon SIGKILLed while a command streams: the agent's write fails (EPIPE), it drops the
     output, keeps running, and serves the next daemon."""
@@ -216,6 +221,7 @@ async def test_impostors_on_the_agent_socket_are_refused(tmp_path: Path) -> None
         agent.wait()
 
 
+@pytest.mark.processes
 async def test_at_adoption_only_the_agents_own_process_may_answer(tmp_path: Path) -> None:
     """After a restart the sandbox's programs run while the daemon waits for its agent: one that
     speaks the protocol (here: another agent, dialling first) passed the handshake and would have
@@ -256,6 +262,7 @@ def _forger(fd: int, frames: bytes) -> ExecRequest:
     return ExecRequest(argv=(sys.executable, "-c", code, frames.hex()), timeout=10)
 
 
+@pytest.mark.processes
 async def test_forged_answers_on_a_keyed_stream_end_the_channel_as_tampered() -> None:
     """Forged RESULT frames (exit 0) for every request id a command could have: without the key
     none can carry a good tag, so the daemon takes none as an answer, and says why it stopped."""
@@ -267,6 +274,7 @@ async def test_forged_answers_on_a_keyed_stream_end_the_channel_as_tampered() ->
     await ch.close()
 
 
+@pytest.mark.processes
 async def test_a_request_written_into_a_keyed_stream_stops_the_agent_as_tampered() -> None:
     """A forged request in the agent's stdin: the agent stops, tells the daemon (a tagged frame),
     and exits with EXIT_TAMPERED, which the container's exit status would keep."""
@@ -279,6 +287,7 @@ async def test_a_request_written_into_a_keyed_stream_stops_the_agent_as_tampered
     await ch.close()
 
 
+@pytest.mark.processes
 async def test_a_request_read_away_from_a_keyed_stream_shows_as_tampering(tmp_path: Path) -> None:
     """A background process reads the agent's stdin, so a request never reaches the agent. The
     caller's deadline passes; the probe that follows breaks the agent's numbering, and the channel

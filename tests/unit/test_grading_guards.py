@@ -102,6 +102,7 @@ def gnu_diff(base: list[str], edit: list[str]) -> tuple[bytes, bytes, bytes]:
     base=st.lists(st.sampled_from(["a", "b", "c", "d", ""]), max_size=12),
     edit=st.lists(st.sampled_from(["a", "b", "x", "y", ""]), max_size=12),
 )
+@pytest.mark.processes
 def test_patch_agrees_with_a_real_diff(base: list[str], edit: list[str]) -> None:
     """Any diff that GNU diff makes, the applier applies to the same result."""
     old, new, diff = gnu_diff(base, edit)
@@ -114,6 +115,7 @@ def test_patch_agrees_with_a_real_diff(base: list[str], edit: list[str]) -> None
     base=st.lists(st.sampled_from(["a", "b", "c", "-- d", ""]), max_size=12),
     edit=st.lists(st.sampled_from(["a", "b", "++ x", "y", ""]), max_size=12),
 )
+@pytest.mark.processes
 def test_a_reversed_diff_takes_the_new_file_back_to_the_old(base: list[str], edit: list[str]) -> None:
     """Lines of text that look like ``---``/``+++`` headers once marked stay hunk lines."""
     old, new, diff = gnu_diff(base, edit)
@@ -220,6 +222,7 @@ def test_guard_log_never_raises(data: bytes) -> None:
     read_guard_log(data, KEY)
 
 
+@pytest.mark.processes
 def test_guard_runs_in_a_real_pytest(tmp_path: Path) -> None:
     """The guard file itself, loaded by this machine's pytest: outcomes signed, a patch caught."""
     setup = guard_setup(str(tmp_path))
@@ -387,6 +390,7 @@ FORGED_TEST_BYTECODE = (
         "session-method-shadowed",
     ],
 )
+@pytest.mark.processes
 def test_guard_catches_code_under_test_replacing_the_tests(tmp_path: Path, evil: str, caught: str) -> None:
     """Tests the agent did not write run their own code: a swapped ``__code__`` is refused, a
     test whose function comes from the agent's files (an import hook) is tampering, and so is a
@@ -434,6 +438,7 @@ def run_guarded(tmp_path: Path, evil: str, files: dict[str, str]) -> tuple[Guard
 GUARD_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "guard"
 
 
+@pytest.mark.processes
 def test_guard_leaves_ordinary_code_and_the_tests_own_patches_alone(tmp_path: Path) -> None:
     """The agent's package uses warnings, redirect_stdout, logging, namedtuple (which reads a
     frame), lazy imports; the tests monkeypatch and mock.patch libraries and their classes, write
@@ -512,6 +517,7 @@ CONTAINS_ANYTHING = "class E(list):\n    def __contains__(self, item):\n        
         "a-truthy-str-for-yes",
     ],
 )
+@pytest.mark.processes
 def test_guard_catches_results_that_equal_anything(tmp_path: Path, evil: str, caught: str) -> None:
     """The agent's classes are probed with an object of theirs against strangers (a bare object,
     random numbers, strings, containers): no correct object equals or contains one. Made without
@@ -561,6 +567,7 @@ FIXTURE_VALUE_IN_ITS_DICT = _FIXTURES + (
     ],
     ids=["function-set", "function-past-its-class", "function-in-its-dict", "value-set", "value-in-its-dict"],
 )
+@pytest.mark.processes
 def test_guard_catches_forged_fixtures(tmp_path: Path, evil: str, caught: str) -> None:
     """A fixture's function or a session fixture's cached value, changed by the agent's code in
     one test, is what a later test compares with; each made ``test_answer`` pass (4 == 4)."""
@@ -572,6 +579,7 @@ def test_guard_catches_forged_fixtures(tmp_path: Path, evil: str, caught: str) -
     assert any(caught in t for t in log.tampering), (log.tampering, out)
 
 
+@pytest.mark.processes
 def test_guard_tells_the_agents_skips_from_the_tests_own(tmp_path: Path) -> None:
     """Where a task lists no test, a skipped test does not count: code under test that skips the
     test calling it (``pytest.skip``, ``unittest.SkipTest``) got a full reward for failing ones.
@@ -628,6 +636,7 @@ def run_unittest_guarded(tmp_path: Path, evil: str, tests: str, *script: str) ->
     return log, parse_report("unittest", output, exit_code=proc.returncode)
 
 
+@pytest.mark.processes
 def test_the_unittest_guard_records_what_the_runner_says_and_nothing_else(tmp_path: Path) -> None:
     """Its records interleave with unittest's own lines on stderr: the output still reads the
     same, and both agree on every outcome."""
@@ -652,6 +661,7 @@ def test_the_unittest_guard_records_what_the_runner_says_and_nothing_else(tmp_pa
     assert wrong.tests["test_u.T.test_sub"].outcome is Outcome.FAILED  # a failed sub-test fails its test
 
 
+@pytest.mark.processes
 def test_the_unittest_guard_runs_under_a_projects_runner_script(tmp_path: Path) -> None:
     """Found with Django's manage.py: the interpreter compiles a script it runs with no Python
     frame beneath the guard's hook, whose look for the culprit failed and ended the run."""
@@ -713,6 +723,7 @@ _WRONG = "def add(a, b):\n    return a - b\n"
     ids=["forged-output", "patched-assert", "patched-result", "forged-result", "skip", "equals-anything", "finalizer",
          "dropped-failures", "failures-as-expected", "stopped", "should-stop"],
 )  # fmt: skip
+@pytest.mark.processes
 def test_the_unittest_guard_catches_the_code_under_test(tmp_path: Path, evil: str, caught: str) -> None:
     """Each made the output say every test passed (or, for a skip, that no test failed)."""
     log, output = run_unittest_guarded(tmp_path, evil, _UT_TESTS)
@@ -748,6 +759,7 @@ def test_the_output_reads_as_written_once_the_unittest_guards_records_are_out() 
     assert len(records) == 3 and rest == b"header\n\nt (m.C.t) ... ok\nend\n"
 
 
+@pytest.mark.processes
 def test_output_cut_by_record_shaped_lines_at_every_byte_is_put_back_whole() -> None:
     """A test's output can be made of record-shaped lines (no key: unsigned) between fragments of one
     line, up to the 8 MiB output cap: the grader puts the line back together piece by piece, once."""
@@ -770,6 +782,7 @@ def test_unittest_guard_records_aggregate_to_the_worst_outcome() -> None:
     }
 
 
+@pytest.mark.processes
 def test_guard_counts_a_collected_test_that_never_reports_as_an_error(tmp_path: Path) -> None:
     """The session, one plugin lookup away from pytestPDB, stopped from the first test: pytest
     reported that test alone, and where no test is listed a report of passes paid 1.0."""
@@ -785,6 +798,7 @@ def test_guard_counts_a_collected_test_that_never_reports_as_an_error(tmp_path: 
     assert log.never_ran == ["test_z.py::test_1"] and not log.report().complete
 
 
+@pytest.mark.processes
 def test_guard_keeps_the_interrupted_frame_from_the_agents_signal_handlers(tmp_path: Path) -> None:
     """A signal handler is called with the frame the signal interrupted: a timer's handler of the
     agent's reached the runner's frames with no audited access. Handlers now run through a proxy:
@@ -814,6 +828,7 @@ def test_guard_keeps_the_interrupted_frame_from_the_agents_signal_handlers(tmp_p
     assert len(log.tampering) == 1 and "a handler of signal 10 was installed past the guard" in log.tampering[0], log.tampering
 
 
+@pytest.mark.processes
 def test_guard_keeps_the_frame_from_a_library_function_the_agent_installs_as_a_handler(tmp_path: Path) -> None:
     """A library's function that keeps its arguments (``UserDict().__setitem__``), installed by the
     agent's code as a signal handler, stored the interrupted frame for the agent to read."""
