@@ -316,3 +316,23 @@ async def test_a_request_read_away_from_a_keyed_stream_shows_as_tampering(tmp_pa
     assert outcomes[-1] == "died", outcomes
     assert ch.tampered is not None or await asyncio.wait_for(transport.proc.wait(), 5) == p.EXIT_TAMPERED
     await ch.close()
+
+
+def test_a_leftovers_name_is_its_command_line_without_control_characters() -> None:
+    """What the agent names when it ends a clean room's leftovers: the episode chose those command
+    lines, so no newline or terminal escape reaches a grade's message, and a long one is cut."""
+    from rlsandbox.daemon.agent import sandbox_agent
+
+    weird = "\x1b[31mred\nsecond line\x07" + "x" * 500
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", weird])
+    try:
+        deadline = time.monotonic() + 10
+        while "second line" not in sandbox_agent._cmdline(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the child has exec'd
+        name = sandbox_agent._cmdline(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert name.startswith(f"{sys.executable} -c import time; time.sleep(30)  [31mred second line ")
+    assert name.isprintable() and len(name) == sandbox_agent.LEFTOVER_NAME_CHARS and name.endswith("...")
+    assert sandbox_agent._cmdline(proc.pid) == ""  # gone (reaped)

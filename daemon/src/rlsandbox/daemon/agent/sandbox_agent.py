@@ -2141,7 +2141,8 @@ def _cmdline(pid):
             raw = f.read(LEFTOVER_NAME_CHARS + 1)
     except OSError:
         return ""
-    text = raw.replace(b"\0", b" ").strip().decode("utf-8", "replace")
+    # The episode chose it: no control character (a newline, a terminal escape) reaches a message.
+    text = "".join(c if c.isprintable() else " " for c in raw.decode("utf-8", "replace")).strip()
     return text if len(text) <= LEFTOVER_NAME_CHARS else text[: LEFTOVER_NAME_CHARS - 3] + "..."
 
 
