@@ -16,6 +16,7 @@ from rlsandbox.client import AsyncClient, AsyncSession
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.grading.task import tar_files
 from rlsandbox.daemon.model import ExecRequest
+from rlsandbox.daemon.sandbox import Sandbox
 from rlsandbox.daemon.server import NodeDaemon
 
 pytestmark = pytest.mark.docker
@@ -344,6 +345,16 @@ json.dump(seen, open("/tmp/window.json", "w"))
 """
 
 
+async def _none_left(sandbox: Sandbox, marker: bytes, seconds: float = 5.0) -> bool:
+    """Whether no process whose command line holds ``marker`` is left within ``seconds``."""
+    for _ in range(int(seconds / 0.1)):
+        ps = await sandbox.exec(ExecRequest(argv=("ps", "-eo", "args"), as_root=True))
+        if ps.exit_code == 0 and marker not in ps.stdout:
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
 async def test_a_recycling_rooms_last_command_ends_the_users_processes_and_spares_the_daemons(node: NodeDaemon) -> None:
     """In a sandbox whose commands run as uid 1000 (a recycling clean room), ``end_leftovers``
     ends what the user's command left and nothing of root's: the daemon's own commands (and the
@@ -357,9 +368,24 @@ async def test_a_recycling_rooms_last_command_ends_the_users_processes_and_spare
         ended = await sandbox.exec(ExecRequest(shell=left, timeout=20, end_leftovers=True))
         assert ended.stdout == b"done\n" and ended.ended >= 2, (ended.ended, ended.ended_names)
         assert any("sleep 30" in n for n in ended.ended_names) and any("sleep 31" in n for n in ended.ended_names)
-        ps = await sandbox.exec(ExecRequest(argv=("ps", "-eo", "user,args"), as_root=True))
-        assert b"sleep 3" not in ps.stdout, ps.stdout
+        assert await _none_left(sandbox, b"sleep 3"), "a process the command left outlived it"
         assert (await sleeper).stdout == b"survived\n"
+
+
+async def test_a_fork_bomb_the_last_command_leaves_is_ended_with_it(node: NodeDaemon) -> None:
+    """A test run that leaves a fork bomb at the sandbox's pids limit: ending it needs no fork of
+    the agent's (none is left to make), the agent answers, and nothing of the bomb is left."""
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    async with AsyncClient(node.address, timeout=60) as client, client.session("recycled", acquire_timeout=60) as s:
+        sandbox = node.sessions.get(s.id).sandbox  # type: ignore[union-attr]
+        assert sandbox is not None
+        await s.write_files({"/tmp/bomb.py": bomb})
+        left = "nohup python3 /tmp/bomb.py >/dev/null 2>&1 & sleep 0.5; echo done"
+        ended = await sandbox.exec(ExecRequest(shell=left, timeout=30, end_leftovers=True))
+        assert ended.stdout == b"done\n" and ended.ended > 10, (ended.ended, ended.ended_names)
+        assert all("bomb.py" in name for name in ended.ended_names), ended.ended_names
+        # Hundreds killed at once take a moment to finish exiting; a live bomb would never be gone.
+        assert await _none_left(sandbox, b"bomb.py"), "the bomb outlived the command that left it"
 
 
 async def test_the_agent_starts_user_commands_with_their_ids_out_of_their_reach(node: NodeDaemon) -> None:

@@ -86,6 +86,25 @@ async def test_a_rooms_last_command_leaves_no_process_that_acts_after_it(sandbox
     assert found.stdout.decode().split() == [f"{late}-d"]
 
 
+async def test_a_fork_bomb_a_rooms_last_command_leaves_is_ended_with_it(sandbox: Sandbox) -> None:
+    """The same at the sandbox's pids limit, where commands run as root: the agent kills from PID 1
+    (no fork needed), answers, and the sandbox runs commands again."""
+    if sandbox.mode == "exec":
+        pytest.skip("the Engine API exec fallback has no agent to end them (docs/GRADING.md)")
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    await sandbox.write_files([FileWrite("/tmp/bomb.py", bomb.encode())])
+    left = "nohup python3 /tmp/bomb.py >/dev/null 2>&1 & sleep 0.5; echo done"
+    ended = await sandbox.exec(ExecRequest(shell=left, timeout=30, end_leftovers=True))
+    assert ended.stdout == b"done\n" and ended.ended > 10, (ended.ended, ended.ended_names)
+    # Hundreds killed at once take a moment to finish exiting; a live bomb would never be gone.
+    for _ in range(50):
+        ps = await sandbox.exec(ExecRequest(argv=("ps", "-eo", "stat,args")))
+        if ps.exit_code == 0 and b"bomb.py" not in ps.stdout:
+            break
+        await asyncio.sleep(0.1)
+    assert ps.exit_code == 0 and b"bomb.py" not in ps.stdout, ps.stdout
+
+
 async def test_output_caps_report_truncation_and_total(sandbox: Sandbox) -> None:
     r = await sandbox.exec(
         ExecRequest(shell="head -c 300000 /dev/zero; head -c 5000 /dev/zero >&2", stdout_cap=1000, stderr_cap=10_000)

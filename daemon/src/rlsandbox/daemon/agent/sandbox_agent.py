@@ -1444,39 +1444,40 @@ class Agent(object):
         return {"ok": True, "why": "", "checks": checks, "resets": self.resets, "warm": warm}
 
     def end_leftovers(self):
-        """End every process but this agent and its warm interpreters: what the room's last
-        command left behind (a daemonized or double-forked writer the clean room's tests started)
-        must not act after it. Called as that command exits, before its result is sent, so nothing
-        the daemon reads next (reports, a reward file) can change any more. All of them are
-        stopped at once (none can fork or write past that), named, then killed.
+        """End every process the room's last command left (a daemonized or double-forked writer
+        the clean room's tests started): none may act after it. Called as that command exits,
+        before its result is sent, so nothing the daemon reads next (reports, a reward file) can
+        change any more. All of them are stopped at once (none can fork or write past that),
+        named, then killed. Where commands run as the episode's user, only that user's processes:
+        root's (the warm interpreters, the daemon's own commands) run on.
 
         Returns {"ended": count, "ended_names": [up to LEFTOVER_NAMES command lines]}, or
         {"ended": None} where this agent is not its sandbox's PID 1 ("every process" would not be
         the sandbox's)."""
         if os.getpid() != 1:
             return {"ended": None}
-        spared = set(w.pid for w in self.warm.values() if w.alive)
+        user = _OWNER[0][0] if _OWNER else None
+
+        def theirs():
+            return [pid for pid in _pids() if pid != 1 and (user is None or _uid(pid) == user)]
 
         def signal_all(sig):
-            if _OWNER:
-                _kill_user(sig)  # the episode's user's processes: root's warm interpreters are spared
-            elif not spared:
-                try:
+            try:
+                if user is None:
                     os.kill(-1, sig)  # from PID 1: every process of the namespace but itself
-                except ProcessLookupError:
+                else:
+                    _kill_user(sig)
+                return
+            except (OSError, RuntimeError):  # none left (ESRCH); no fork for the user's kill at the pids cap
+                pass
+            for pid in theirs():  # one by one, as root
+                try:
+                    os.kill(pid, sig)
+                except OSError:
                     pass
-            else:  # no warm interpreter runs where commands run as root; never signal one anyway
-                for pid in _pids():
-                    if pid != 1 and pid not in spared:
-                        try:
-                            os.kill(pid, sig)
-                        except OSError:
-                            pass
 
         signal_all(signal.SIGSTOP)
-        others = [pid for pid in _pids() if pid != 1 and pid not in spared]
-        if _OWNER:  # the user's, not root's (the daemon's own commands run on)
-            others = [pid for pid in others if _uid(pid) == _OWNER[0][0]]
+        others = theirs()
         names = [name for name in map(_cmdline, others) if name]  # a zombie's is empty: it had ended
         if others:
             signal_all(signal.SIGKILL)

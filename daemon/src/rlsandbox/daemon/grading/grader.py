@@ -57,7 +57,7 @@ from rlsandbox.daemon.grading.task import Task
 from rlsandbox.daemon.grading.workspace import changes_tar, snapshot_from_archive
 from rlsandbox.daemon.model import ExecRequest, ExecResult, FileWrite, MiB
 from rlsandbox.daemon.pool import EPISODES_DOING, HOST_OOM, WarmPool
-from rlsandbox.daemon.runtime.docker import DockerRuntime
+from rlsandbox.daemon.runtime.docker import DockerRuntime, path_kind
 from rlsandbox.daemon.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
@@ -497,12 +497,7 @@ class Grader:
         it first). Every process the tests started has ended (``end_leftovers``): the file is as
         the test command left it. A symlink, FIFO or folder there scores 0.0 (no file followed)."""
         for path in paths:
-            if owned:
-                [st] = await room.stat([path])
-                kind = st.type if st.exists else None
-            else:
-                found = await self.runtime.stat_path(room.container_id, path)
-                kind = None if found is None else _engine_kind(int(found.get("mode", 0)))
+            kind = await self._kind(room, path, owned)
             if kind is None:
                 continue
             if kind != "file":
@@ -511,6 +506,16 @@ class Grader:
             value, why = parse_reward_file(data, path.endswith(".json"))
             return value, f"the reward file {path}: {why}: reward 0" if why else ""
         return 0.0, f"the test command wrote no reward file ({', '.join(paths)}): reward 0"
+
+    async def _kind(self, room: Sandbox, path: str, owned: bool) -> str | None:
+        """What is at ``path`` (dir, symlink, other, file; None: nothing), as the engine sees it
+        (not anything in the room); with ``owned``, as the agent does (out of the room's commands'
+        reach; the engine's archive API does not see tmpfs mounts such as /tmp)."""
+        if owned:
+            [st] = await room.stat([path])
+            return st.type if st.exists else None
+        found = await self.runtime.stat_path(room.container_id, path)
+        return None if found is None else path_kind(int(found.get("mode", 0)))
 
     async def _test_files(self, room: Sandbox, paths: list[str], cap: int) -> dict[str, tuple[bytes, int] | None]:
         """What the room's agent reads of each file (content up to ``cap`` bytes, and size); None
@@ -525,10 +530,7 @@ class Grader:
         With ``owned`` (the room's commands run as another user, the agent is out of their reach)
         the agent answers: the engine's archive API does not see tmpfs mounts such as /tmp."""
         try:
-            if owned:
-                [st] = await room.channel.stat([path], 10.0)
-                return st.exists
-            return await self.runtime.stat_path(room.container_id, path) is not None
+            return await self._kind(room, path, owned) is not None
         except SandboxError:
             return False
 
@@ -541,17 +543,6 @@ class Grader:
             return data
         except (SandboxError, IsADirectoryError):
             return b""
-
-
-def _engine_kind(mode: int) -> str:
-    """A path's kind from the engine's stat mode (Go's os.FileMode bits)."""
-    if mode & (1 << 31):
-        return "folder"
-    if mode & (1 << 27):
-        return "symlink"
-    if mode & ((1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)):  # device, pipe, socket, char device, irregular
-        return "special file"
-    return "file"
 
 
 def _disagreements(output: TestReport, guard: TestReport) -> list[str]:

@@ -63,6 +63,21 @@ T = TypeVar("T")
 HEADERS_ROOM = 64 << 10  # a file's tar headers (PAX records: long names, xattrs) before its data
 
 
+# Go's os.FileMode type bits, as the engine's archive stat reports a path's mode.
+_GO_MODE_DIR = 1 << 31
+_GO_MODE_SYMLINK = 1 << 27
+_GO_MODE_SPECIAL = (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)  # device, pipe, socket, char device, irregular
+
+
+def path_kind(mode: int) -> str:
+    """A path's kind from the engine's stat mode, in the agent's words: dir, symlink, other, file."""
+    if mode & _GO_MODE_DIR:
+        return "dir"
+    if mode & _GO_MODE_SYMLINK:
+        return "symlink"
+    return "other" if mode & _GO_MODE_SPECIAL else "file"
+
+
 def tarball_is_whole(data: bytes) -> bool:
     """Whether ``data`` is a whole tarball: every member's data is there and the end-of-archive
     block follows. Headers only (no data is parsed): sizes come from the ustar field, in octal or

@@ -16,7 +16,7 @@ from rlsandbox.daemon.agent.channel import ChunkCallback
 from rlsandbox.daemon.agent.sandbox_agent import _Capture  # the agent's own capture, one implementation
 from rlsandbox.daemon.errors import ContainerNotFound, FailedPrecondition, SandboxDied
 from rlsandbox.daemon.model import ExecRequest, ExecResult, FileRead, FileStat, FileWrite, FileWriteResult, OutputChunk
-from rlsandbox.daemon.runtime.docker import DockerRuntime
+from rlsandbox.daemon.runtime.docker import DockerRuntime, path_kind
 
 # The wrapper shell records its pid, which is the command's process group (Engine API execs start
 # as session leaders), so that a timeout can kill the whole group from a second exec.
@@ -134,8 +134,7 @@ class ExecChannel:
         if info is None:
             return FileStat(path=shown, exists=False, error="No such file or directory")
         mode = int(info.get("mode", 0))
-        kind = "dir" if mode & (1 << 31) else "symlink" if mode & (1 << 27) else "file"
-        return FileStat(path=shown, exists=True, type=kind, size=int(info.get("size", 0)), mode=mode & 0o7777)
+        return FileStat(path=shown, exists=True, type=path_kind(mode), size=int(info.get("size", 0)), mode=mode & 0o7777)
 
     async def list_dir(self, path: str, *, recursive: bool, max_entries: int, timeout: float) -> tuple[list[FileStat], bool]:
         argv = ["find", path, "-mindepth", "1"] + ([] if recursive else ["-maxdepth", "1"])
