@@ -470,6 +470,29 @@ async def test_custom_reward_command(gclient: AsyncClient, tasks: dict[str, Task
     assert failing.status == "invalid_task" and failing.reward is None and "no number" in failing.message
 
 
+async def test_a_reward_file_counts_only_as_the_tests_wrote_it(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    """A task whose test command writes its reward file only when the tests pass: a reward file of
+    the agent's own in the workspace (which its changes carry to the clean room) is gone before
+    the tests run, so a failing run has none and scores 0; the fix scores what the run wrote."""
+    calc = tasks["py-calc"]
+    ev = calc.spec.evaluation.model_copy(
+        update={
+            "test_command": "python3 -m pytest -q -p no:cacheprovider tests && echo 1.0 > out/reward.txt",
+            "report_format": "exit-code",
+            "reward": RewardSpec(policy="file", files=["out/reward.txt"]),
+        }
+    )
+    task = Task(calc.spec.model_copy(update={"evaluation": ev}), calc.workspace_tar)
+    async with gclient.session(task=task) as s:
+        await s.write_files({"out/reward.txt": "1.0\n"})
+        planted = await s.grade()
+        await solve_calc(s)
+        solved = await s.grade()
+    assert (planted.status, planted.reward) == ("ok", 0.0), planted.message
+    assert "wrote no reward file" in planted.message
+    assert (solved.status, solved.reward) == ("ok", 1.0), solved.message
+
+
 async def test_prefetched_sandboxes_start_sessions_and_clean_rooms(
     grading_daemon: NodeDaemon, gclient: AsyncClient, tasks: dict[str, Task]
 ) -> None:

@@ -362,6 +362,16 @@ class Grader:
             if found is not None:
                 warm, assigned = found
                 env.update(assigned)  # as the shell would have set them for the run
+        reward_files = [posixpath.join(ws, p) for p in ev.reward.files] if ev.reward.policy == "file" else []
+        if reward_files:
+            # What lies there before the tests ran is not what they wrote: a reward file of the
+            # agent's, carried in with its workspace, would stand where a failing run writes none.
+            # (rm's exit code says nothing here: busybox's fails on a path through a file, where
+            # nothing can be; what is still there afterwards is what counts.)
+            await room.exec(ExecRequest(argv=("rm", "-rf", "--", *reward_files), timeout=STEP_TIMEOUT, as_root=True))
+            for path in reward_files:
+                if await self._kind(room, path, owned) is not None:
+                    raise FailedPrecondition(f"grader could not clear the reward file {path} before the tests")
         watched = [posixpath.join(ws, p) for p in test_files]
         before = await self._test_files(room, watched, MAX_REPORT_BYTES)
         with tracing.span("grade.tests", **{"rlsandbox.guarded": guard is not None, "rlsandbox.warm": warm is not None}):
@@ -473,7 +483,7 @@ class Grader:
                 result.status = GradeStatus.INVALID_TASK
                 problems.append(f"the reward command failed (exit {scored.exit_code}, timed out: {scored.timed_out})")
         elif ev.reward.policy == "file":
-            result.reward, why = await self._reward_file(room, [posixpath.join(ws, p) for p in ev.reward.files], owned)
+            result.reward, why = await self._reward_file(room, reward_files, owned)
             if why:
                 problems.append(why)
         else:
