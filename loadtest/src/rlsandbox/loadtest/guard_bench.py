@@ -20,6 +20,7 @@ runs). Without Docker: the guard is a file pytest loads, as in the clean room
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import subprocess
@@ -55,6 +56,13 @@ IMPORTS = "import json, decimal, email.message, http.client, asyncio, csv, diffl
 
 # A venv's interpreter reads no user site-packages, where the unittest guard's .pth file goes.
 BASE_PYTHON = getattr(sys, "_base_executable", sys.executable)
+
+
+@functools.cache
+def user_site() -> str:
+    """BASE_PYTHON's user site-packages, relative to its PYTHONUSERBASE (asked once)."""
+    probe = "import site, os; print(os.path.relpath(site.getusersitepackages(), site.getuserbase()))"
+    return subprocess.run([BASE_PYTHON, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def make_suite(root: Path, modules: int, tests: int, runner: str = "pytest") -> Path:
@@ -95,8 +103,7 @@ def run_once(root: Path, ws: Path, source: bytes | None, expected: int, runner: 
         setup = guard_setup(str(root), runner)
         (root / "guard.json").write_bytes(setup.config(str(ws), [str(ws / "pkg.py")]))
         if setup.pth is not None:  # in a user site-packages of root, as in a recycling clean room
-            probe = "import site, os; print(os.path.relpath(site.getusersitepackages(), site.getuserbase()))"
-            site_dir = root / subprocess.run([BASE_PYTHON, "-c", probe], capture_output=True, text=True).stdout.strip()
+            site_dir = root / user_site()
             site_dir.mkdir(parents=True, exist_ok=True)
             written = [site_dir / f"{setup.module}.py", site_dir / setup.pth[0]]
             written[1].write_bytes(setup.pth[1])

@@ -16,7 +16,7 @@ import hmac
 import json
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
@@ -231,15 +231,12 @@ def read_guard_log(stderr: bytes, key: bytes, runner: str = "pytest") -> GuardLo
         elif kind == "plan" and fields and isinstance(fields[0], tuple):  # unittest: the tests a run is given
             planned.update(dict.fromkeys(str(i) for i in fields[0]))
     for nodeid, by_phase in phases.items():
-        worst = max(by_phase.values(), key=lambda o: o.rank)
-        if Outcome.SKIPPED in by_phase.values() and worst is Outcome.PASSED:
-            worst = Outcome.SKIPPED
+        worst = _worst(by_phase.values())
         if "call" not in by_phase and worst is Outcome.PASSED:
             worst = Outcome.ERROR  # set up, never called: not a pass
         log.tests[nodeid] = worst
     for test_id, outcomes in cases.items():
-        worst = max(outcomes, key=lambda o: o.rank)
-        log.tests[test_id] = Outcome.SKIPPED if Outcome.SKIPPED in outcomes and worst is Outcome.PASSED else worst
+        log.tests[test_id] = _worst(outcomes)
     for test_id in planned:
         if test_id not in log.tests:
             # Not run because its class's or module's fixture failed or skipped: that record's
@@ -249,6 +246,13 @@ def read_guard_log(stderr: bytes, key: bytes, runner: str = "pytest") -> GuardLo
             if fixture is None:
                 log.never_ran.append(test_id)
     return log
+
+
+def _worst(outcomes: Iterable[Outcome]) -> Outcome:
+    """A test's outcome from all it recorded: the worst, where a skip outranks a pass."""
+    seen = set(outcomes)
+    worst = max(seen, key=lambda o: o.rank)
+    return Outcome.SKIPPED if worst is Outcome.PASSED and Outcome.SKIPPED in seen else worst
 
 
 def _fixture_outcome(tests: Mapping[str, Outcome], test_id: str) -> Outcome | None:

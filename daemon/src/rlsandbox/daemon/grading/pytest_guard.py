@@ -725,12 +725,17 @@ def _install(cfg):
             except TypeError:
                 pass
 
-    def agent_on_stack(frame):
+    def agent_file_on_stack(frame):
+        # The file of the nearest frame from ``frame`` outwards that runs the agent's code, or None.
         while frame is not None:
-            if agent_code(file_of(frame)):
-                return True
+            filename = file_of(frame)
+            if agent_code(filename):
+                return filename
             frame = frame.f_back
-        return False
+        return None
+
+    def agent_on_stack(frame):
+        return agent_file_on_stack(frame) is not None
 
     def agent_wrote(writer):
         """The agent's file when code it wrote made this write: directly (past code compiled from
@@ -1175,12 +1180,10 @@ def _install(cfg):
 
     def agents_or(frame):
         # The agent's file nearest on the stack, else the file of ``frame``'s own code.
-        first = frame
-        while frame is not None:
-            if agent_code(file_of(frame)):
-                return file_of(frame)
-            frame = frame.f_back
-        return culprit(first) if first is not None else "<unknown>"
+        found = agent_file_on_stack(frame)
+        if found is not None:
+            return found
+        return culprit(frame) if frame is not None else "<unknown>"
 
     def on_skip(test, exc):
         # A SkipTest leaving a part of a test (testPartExecutor): its traceback shows who raised it.
