@@ -483,14 +483,19 @@ async def test_a_reward_file_counts_only_as_the_tests_wrote_it(gclient: AsyncCli
         }
     )
     task = Task(calc.spec.model_copy(update={"evaluation": ev}), calc.workspace_tar)
+    # One the grader cannot remove (a mount point: the engine's /etc/hostname) is not the tests' either.
+    pinned = ev.model_copy(update={"reward": RewardSpec(policy="file", files=["/etc/hostname"])})
+    unremovable = Task(calc.spec.model_copy(update={"evaluation": pinned}), calc.workspace_tar)
     async with gclient.session(task=task) as s:
         await s.write_files({"out/reward.txt": "1.0\n"})
         planted = await s.grade()
         await solve_calc(s)
         solved = await s.grade()
+        stuck = await s.grade(task=unremovable)
     assert (planted.status, planted.reward) == ("ok", 0.0), planted.message
     assert "wrote no reward file" in planted.message
     assert (solved.status, solved.reward) == ("ok", 1.0), solved.message
+    assert (stuck.status, stuck.reward) == ("ok", 0.0) and "could not be removed" in stuck.message, stuck.message
 
 
 async def test_prefetched_sandboxes_start_sessions_and_clean_rooms(
