@@ -35,7 +35,7 @@ from rlsandbox.daemon.grading.guard import (
     warm_pytest,
 )
 from rlsandbox.daemon.grading.patches import PatchError, apply_patch, patch_paths
-from rlsandbox.daemon.grading.prepare import STEP_TIMEOUT, TASK_CACHE_BYTES, ReadTimedOut, Workspaces
+from rlsandbox.daemon.grading.prepare import STEP_TIMEOUT, TAR_ENV, TASK_CACHE_BYTES, ReadTimedOut, Workspaces
 from rlsandbox.daemon.grading.reports import OUTPUT_FORMATS, Outcome, TestReport, lookup, parse_report
 from rlsandbox.daemon.grading.rewards import (
     MISSING,
@@ -368,7 +368,9 @@ class Grader:
             # agent's, carried in with its workspace, would stand where a failing run writes none.
             # (rm's exit code says nothing here: busybox's fails on a path through a file, where
             # nothing can be; what is still there afterwards is what counts.)
-            await room.exec(ExecRequest(argv=("rm", "-rf", "--", *reward_files), timeout=STEP_TIMEOUT, as_root=True))
+            # The system's PATH, as for the grader's tar: never a folder of the workspace.
+            system = {"PATH": TAR_ENV["PATH"]}
+            await room.exec(ExecRequest(argv=("rm", "-rf", "--", *reward_files), env=system, timeout=STEP_TIMEOUT, as_root=True))
         # One still there is not the tests' either: the reward is 0, never an error (masked).
         stale = [path for path in reward_files if await self._kind(room, path, owned) is not None]
         watched = [posixpath.join(ws, p) for p in test_files]
