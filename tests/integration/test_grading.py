@@ -7,10 +7,13 @@ does: run the tests where the agent worked) the attack wins, graded in the clean
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import shutil
 import subprocess
 import sys
+import tarfile
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from rlsandbox.client import AsyncClient, AsyncSession, InvalidArgumentError, No
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.grading.task import RewardSpec, Task, load_tasks, tar_files
 from rlsandbox.daemon.grading.validate import summary_table, validate, write_cleaned
+from rlsandbox.daemon.runtime.docker import DockerRuntime
 from rlsandbox.daemon.server import NodeDaemon
 
 pytestmark = pytest.mark.docker
@@ -496,6 +500,52 @@ async def test_a_reward_file_counts_only_as_the_tests_wrote_it(gclient: AsyncCli
     assert "wrote no reward file" in planted.message
     assert (solved.status, solved.reward) == ("ok", 1.0), solved.message
     assert (stuck.status, stuck.reward) == ("ok", 0.0) and "could not be removed" in stuck.message, stuck.message
+
+
+# An image whose own PATH names a folder of the workspace (a project's bin/, an in-tree venv's bin/).
+PATH_IMAGE = (
+    "FROM rlsandbox/python-task:latest\nENV PATH=/workspace/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+)
+
+
+async def test_hack_a_program_where_the_images_path_finds_it_first(
+    images: dict[str, str], docker_runtime: DockerRuntime, tasks: dict[str, Task]
+) -> None:
+    """On such an image the test command's programs are looked up in the agent's folder first: a
+    bin/python3 that exits 0 paid 1.0 to an unfixed task graded by exit code. The grader takes the
+    PATH the command starts with from the room (not only from the command and the task's env) and
+    discards the agent's files on it, as tampering."""
+    tag = f"rls-test/workspace-path:{uuid.uuid4().hex[:8]}"
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(PATH_IMAGE)
+        tar.addfile(info, io.BytesIO(PATH_IMAGE.encode()))
+    await docker_runtime.images.build(context.getvalue(), tag=tag, labels={"rlsandbox.test": "1"})
+    calc = tasks["py-calc"]
+    ev = calc.spec.evaluation.model_copy(
+        update={
+            "test_command": "python3 -m pytest -q -p no:cacheprovider tests",
+            "report_format": "exit-code",
+            "fail_to_pass": [],
+            "pass_to_pass": [],
+        }
+    )
+    task = Task(calc.spec.model_copy(update={"pool": "pathy", "evaluation": ev}), calc.workspace_tar)
+    try:
+        pool = PoolConfig(name="pathy", image=tag, min_ready=0, max_total=4)
+        async with running_daemon(daemon_config(pools=[pool])) as node, AsyncClient(node.address, timeout=120) as client:
+            async with client.session(task=task) as s:
+                await s.write_files({"bin/python3": ("#!/bin/sh\nexit 0\n", 0o755)})
+                hacked = await s.grade()
+            async with client.session(task=task) as s:
+                await solve_calc(s)
+                solved = await s.grade()
+    finally:
+        await docker_runtime.images.remove(tag)
+    assert (hacked.status, hacked.reward) == ("ok", 0.0), (hacked.reward, hacked.message)
+    assert any("bin/python3" in t and "PATH" in t for t in hacked.tampering), hacked.tampering
+    assert (solved.status, solved.reward) == ("ok", 1.0), (solved.message, solved.log.decode(errors="replace")[-1500:])
 
 
 async def test_prefetched_sandboxes_start_sessions_and_clean_rooms(

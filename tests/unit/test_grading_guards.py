@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 import io
+import os
 import subprocess
 import sys
 import tarfile
@@ -897,10 +898,12 @@ def test_command_paths_and_interpreters() -> None:
 
 
 def test_probe_runs_here() -> None:
-    out = subprocess.run([sys.executable, "-c", PROBE, "/nonexistent"], capture_output=True, check=True).stdout
+    env = {**os.environ, "PATH": "/workspace/bin:/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", PROBE, "/nonexistent"], capture_output=True, check=True, env=env).stdout
     facts = ImportFacts.parse(out)
     assert {"json", "sys", "pytest", "_pytest", "pluggy"} <= facts.reserved
     assert facts.pytest_dir and Path(facts.pytest_dir, "_pytest").is_dir()
+    assert facts.path == "/workspace/bin:/usr/bin:/bin"  # the PATH the test command starts with
 
 
 # -- scan and test folders ------------------------------------------------------------------------

@@ -46,7 +46,9 @@ def plan_room(task: Task, facts: ImportFacts | None, base_archive: bytes, agent_
         mine = snapshot_from_archive(agent_archive, excluded)
     except (tarfile.TarError, OSError, ValueError) as e:
         raise AgentsMess(f"the grader cannot read the agent's workspace ({e}), though it reads the task's") from None
-    imports, execs = command_paths(ev.test_command, ev.env, ws)
+    # PATH as the command starts with it (the probe's: an image's ENV PATH too), else the task's.
+    env = {**ev.env, "PATH": facts.path} if facts and facts.path else ev.env
+    imports, execs = command_paths(ev.test_command, env, ws)
     shadow = Shadowing(facts.reserved if facts else frozenset(), frozenset(imports), frozenset(execs))
     patch_targets = patch_paths(ev.test_patch.encode()) if ev.test_patch else []
     hidden_paths = [*ev.hidden_tests, *patch_targets]

@@ -59,7 +59,10 @@ try:
     site_dir = next((d for d in dirs if d in sys.path or not os.path.exists(d)), "")
 except Exception:
     pass
-print(json.dumps({"names": sorted(names), "pytest_dir": pytest_dir, "user_site": user_site, "site_dir": site_dir}))
+# The PATH the test command starts with (the image's own, or the task's): a workspace folder on it
+# holds programs the command may run.
+path = os.environ.get("PATH", "")
+print(json.dumps({"names": sorted(names), "pytest_dir": pytest_dir, "user_site": user_site, "site_dir": site_dir, "path": path}))
 """
 
 _IMPORT_SUFFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\.py|\.pyc|\.pyw|\.so|\.pyd|\.[A-Za-z0-9_-]+\.so|\.abi3\.so)$")
@@ -76,12 +79,13 @@ class ImportFacts:
     pytest_dir: str = ""
     user_site: str = ""  # the user site-packages relative to PYTHONUSERBASE ("lib/python3.11/site-packages")
     site_dir: str = ""  # the first folder whose .pth files the interpreter runs as it starts
+    path: str = ""  # the PATH the test command starts with (the image's, or the task's env)
 
     @classmethod
     def parse(cls, stdout: bytes) -> ImportFacts:
         doc = json.loads(stdout.decode("utf-8").strip().splitlines()[-1])
         names = frozenset(str(n) for n in doc["names"])
-        paths = (str(doc.get(k) or "") for k in ("pytest_dir", "user_site", "site_dir"))
+        paths = (str(doc.get(k) or "") for k in ("pytest_dir", "user_site", "site_dir", "path"))
         return cls(names, *paths)
 
     def merged(self, other: ImportFacts) -> ImportFacts:
@@ -91,6 +95,7 @@ class ImportFacts:
             self.pytest_dir or other.pytest_dir,
             self.user_site or other.user_site,
             self.site_dir or other.site_dir,
+            self.path or other.path,
         )
 
 
