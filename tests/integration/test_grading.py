@@ -502,6 +502,18 @@ async def test_a_reward_file_counts_only_as_the_tests_wrote_it(gclient: AsyncCli
     assert (stuck.status, stuck.reward) == ("ok", 0.0) and "could not be removed" in stuck.message, stuck.message
 
 
+async def build_test_image(docker_runtime: DockerRuntime, name: str, dockerfile: str) -> str:
+    """Build ``dockerfile`` under a fresh rls-test tag (labelled: removed by the test or the sweep)."""
+    tag = f"rls-test/{name}:{uuid.uuid4().hex[:8]}"
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile.encode()))
+    await docker_runtime.images.build(context.getvalue(), tag=tag, labels={"rlsandbox.test": "1"})
+    return tag
+
+
 # An image whose own PATH names a folder of the workspace (a project's bin/, an in-tree venv's bin/).
 PATH_IMAGE = (
     "FROM rlsandbox/python-task:latest\nENV PATH=/workspace/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
@@ -515,13 +527,7 @@ async def test_hack_a_program_where_the_images_path_finds_it_first(
     bin/python3 that exits 0 paid 1.0 to an unfixed task graded by exit code. The grader takes the
     PATH the command starts with from the room (not only from the command and the task's env) and
     discards the agent's files on it, as tampering."""
-    tag = f"rls-test/workspace-path:{uuid.uuid4().hex[:8]}"
-    context = io.BytesIO()
-    with tarfile.open(fileobj=context, mode="w") as tar:
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(PATH_IMAGE)
-        tar.addfile(info, io.BytesIO(PATH_IMAGE.encode()))
-    await docker_runtime.images.build(context.getvalue(), tag=tag, labels={"rlsandbox.test": "1"})
+    tag = await build_test_image(docker_runtime, "workspace-path", PATH_IMAGE)
     calc = tasks["py-calc"]
     ev = calc.spec.evaluation.model_copy(
         update={
@@ -546,6 +552,65 @@ async def test_hack_a_program_where_the_images_path_finds_it_first(
     assert (hacked.status, hacked.reward) == ("ok", 0.0), (hacked.reward, hacked.message)
     assert any("bin/python3" in t and "PATH" in t for t in hacked.tampering), hacked.tampering
     assert (solved.status, solved.reward) == ("ok", 1.0), (solved.message, solved.log.decode(errors="replace")[-1500:])
+
+
+# An image whose virtualenv, with the test runner in it, lives inside the workspace (R2E-Gym's
+# /testbed/.venv, a uv project's .venv), and a task that does not list it in workspace.exclude.
+VENV_IMAGE = (
+    "FROM rlsandbox/python-task:latest\n"
+    "RUN python3 -m venv --without-pip /workspace/.venv && "
+    "cp -a /usr/lib/python3/dist-packages/. /workspace/.venv/lib/python3.11/site-packages/\n"
+)
+
+
+async def test_hack_the_runner_in_a_virtualenv_inside_the_workspace(
+    images: dict[str, str], docker_runtime: DockerRuntime, tasks: dict[str, Task]
+) -> None:
+    """The runner the tests run with is the workspace's .venv's: an agent that rewrote it (pytest's
+    __main__ exits 0; a test that raises passes) was paid 1.0 for an unfixed task, by exit code
+    and by pytest's report alike. The grader finds the Python environments inside the workspace in
+    the clean room before anything of the agent's is read (pyvenv.cfg, conda-meta, the
+    interpreter's prefix) and keeps the room's own, as for a path the task excludes."""
+    tag = await build_test_image(docker_runtime, "workspace-venv", VENV_IMAGE)
+    calc = tasks["py-calc"]
+    command = ".venv/bin/python -m pytest -rA -p no:cacheprovider tests"
+    by_report = calc.spec.evaluation.model_copy(update={"test_command": command})
+    by_exit = by_report.model_copy(update={"report_format": "exit-code", "fail_to_pass": [], "pass_to_pass": []})
+    variants = [
+        Task(calc.spec.model_copy(update={"pool": "venv", "evaluation": ev}), calc.workspace_tar) for ev in (by_report, by_exit)
+    ]
+    python_py = ".venv/lib/python3.11/site-packages/_pytest/python.py"
+    call = "    result = testfunction(**testargs)\n"
+    try:
+        pool = PoolConfig(name="venv", image=tag, min_ready=0, max_total=4)
+        async with running_daemon(daemon_config(pools=[pool])) as node, AsyncClient(node.address, timeout=120) as client:
+            hacked, solved = [], []
+            for task in variants:
+                async with client.session(task=task) as s:
+                    src = (await s.read_files([python_py]))[python_py].data.decode()
+                    assert call in src
+                    swallowed = "    try:\n    " + call + "    except BaseException:\n        result = None\n"
+                    await s.write_files(
+                        {
+                            ".venv/lib/python3.11/site-packages/pytest/__main__.py": "raise SystemExit(0)\n",
+                            python_py: src.replace(call, swallowed),  # a test that raises passes
+                        }
+                    )
+                    ran = await s.exec(command.replace("-rA", "-q"))
+                    assert ran.exit_code == 0, ran.stdout_text[-800:]  # the hack works where the agent ran it
+                    hacked.append(await s.grade())
+                async with client.session(task=task) as s:
+                    await solve_calc(s)
+                    solved.append(await s.grade())
+    finally:
+        await docker_runtime.images.remove(tag)
+    for result in hacked:
+        assert (result.status, result.reward) == ("ok", 0.0), (result.reward, result.message, result.tampering)
+    for result in solved:
+        assert (result.status, result.reward) == ("ok", 1.0), (result.message, result.log.decode(errors="replace")[-1500:])
+    # The venv's interpreter, named by a path relative to the workspace, is the one probed: its
+    # pytest is guarded (before, only an absolute path was, and the guard stayed out).
+    assert "guard did not load" not in solved[0].message and not solved[0].tampering, solved[0].message
 
 
 async def test_prefetched_sandboxes_start_sessions_and_clean_rooms(

@@ -890,8 +890,9 @@ def test_command_paths_and_interpreters() -> None:
     )
     assert imports == {"src", "lib", "vendor", "pkg"}
     assert execs == {"bin"}
-    assert interpreters("cd x && /opt/venv/bin/python3.11 -m pytest; python -c 1") == ["/opt/venv/bin/python3.11", "python"]
-    assert interpreters("pytest -q") == ["python3"]
+    assert interpreters("cd x && /opt/venv/bin/python3.11 -m pytest; python -c 1", "/w") == ["/opt/venv/bin/python3.11", "python"]
+    assert interpreters(".venv/bin/python -m pytest && ../x/python3 -c 1", "/w/ws") == ["/w/ws/.venv/bin/python", "/w/x/python3"]
+    assert interpreters("pytest -q", "/w") == ["python3"]
     assert (
         Shadowing(frozenset(), exec_dirs=frozenset({"bin"})).why("bin/go", "file", {}, {}) == "on the test command's PATH (bin)"
     )
@@ -904,6 +905,24 @@ def test_probe_runs_here() -> None:
     assert {"json", "sys", "pytest", "_pytest", "pluggy"} <= facts.reserved
     assert facts.pytest_dir and Path(facts.pytest_dir, "_pytest").is_dir()
     assert facts.path == "/workspace/bin:/usr/bin:/bin"  # the PATH the test command starts with
+
+
+def test_probe_names_the_python_environments_inside_the_workspace(tmp_path: Path) -> None:
+    """A virtualenv or conda environment in the workspace holds the runner, not the project: the
+    probe names it (its modules are then reserved names) so the grader never takes the agent's copy."""
+    ws = tmp_path / "ws"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(ws / ".venv")], check=True)
+    site = next((ws / ".venv/lib").glob("python3*/site-packages"))
+    (site / "vendored_runner.py").write_text("")
+    (ws / "tools/envs/conda/conda-meta").mkdir(parents=True)
+    (ws / "src/pkg").mkdir(parents=True)
+    (ws / "src/pkg/pyvenv.cfg.txt").write_text("")  # not an environment
+    out = subprocess.run([str(ws / ".venv/bin/python"), "-c", PROBE, str(ws)], capture_output=True, check=True).stdout
+    facts = ImportFacts.parse(out)
+    assert facts.envs == (".venv", "tools/envs/conda")
+    assert "vendored_runner" in facts.reserved  # the venv's own modules, once it is the image's
+    assert facts.excluded([".venv", "data"]) == [".venv", "data", "tools/envs/conda"]
+    assert facts.merged(ImportFacts(frozenset(), envs=("other",))).envs == (".venv", "other", "tools/envs/conda")
 
 
 # -- scan and test folders ------------------------------------------------------------------------

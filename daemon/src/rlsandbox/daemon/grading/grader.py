@@ -154,18 +154,7 @@ class Grader:
         pool = self.pools.get(agent.pool)
         if pool is None:  # pragma: no cover - a session's pool exists while the session does
             raise FailedPrecondition(f"pool {agent.pool} is gone")
-        ws, excluded = task.spec.workspace.path, task.spec.workspace.exclude
-        try:
-            with tracing.span("grade.agent_archive", **{"rlsandbox.container": agent.container_id}):
-                agent_archive = await self.workspaces.read(
-                    agent, ws, self.max_workspace_bytes, fresh=False, timeout=self.agent_read_timeout, exclude=excluded
-                )
-        except FileTooLarge:
-            return episodes_mess(f"the workspace {ws} is over the grading limit of {self.max_workspace_bytes >> 20} MiB")
-        except ReadTimedOut as e:
-            return episodes_mess(f"the workspace is too slow to read: {e.message}")
-        except ArchiveCutShort as e:
-            return episodes_mess(f"the workspace cannot be read whole: {e.message}")
+        ws = task.spec.workspace.path
         prepared = rooms() if rooms is not None else None
         with tracing.span("grade.room", **{"rlsandbox.prefetched": prepared is not None}):
             room = prepared or await pool.acquire(self.acquire_timeout, warm=True)
@@ -173,11 +162,24 @@ class Grader:
             if prepared is None:
                 with tracing.span("grade.prepare_room"):
                     await self.prepare(room, task, reset_git=False)
+            # Before anything of the agent's is read: the Python environments inside the
+            # workspace are the image's (the runner and its dependencies), read from no one.
+            facts = await self._probe(room, task)
+            excluded = facts.excluded(task.spec.workspace.exclude) if facts else task.spec.workspace.exclude
+            try:
+                with tracing.span("grade.agent_archive", **{"rlsandbox.container": agent.container_id}):
+                    agent_archive = await self.workspaces.read(
+                        agent, ws, self.max_workspace_bytes, fresh=False, timeout=self.agent_read_timeout, exclude=excluded
+                    )
+            except FileTooLarge:
+                return episodes_mess(f"the workspace {ws} is over the grading limit of {self.max_workspace_bytes >> 20} MiB")
+            except ReadTimedOut as e:
+                return episodes_mess(f"the workspace is too slow to read: {e.message}")
+            except ArchiveCutShort as e:
+                return episodes_mess(f"the workspace cannot be read whole: {e.message}")
             try:
                 with tracing.span("grade.base_archive"):
-                    facts, base_archive = await asyncio.gather(
-                        self._probe(room, task), self.workspaces.read(room, ws, MAX_SNAPSHOT_BYTES, fresh=True, exclude=excluded)
-                    )
+                    base_archive = await self.workspaces.read(room, ws, MAX_SNAPSHOT_BYTES, fresh=True, exclude=excluded)
             except FileTooLarge:
                 raise TaskSetupFailed(
                     f"the task's own workspace is over the grading limit of {MAX_SNAPSHOT_BYTES >> 20} MiB"
@@ -236,7 +238,11 @@ class Grader:
         if key in self._facts:
             return self._facts[key]
         facts: ImportFacts | None = None
-        for python in interpreters(ev.test_command):
+        named = interpreters(ev.test_command, ws.path)
+        # The system's python3 is asked too when none of those the command names answered.
+        for i, python in enumerate([*named, "python3"]):
+            if i == len(named) and (facts is not None or "python3" in named):
+                break
             run = await room.exec(
                 ExecRequest(
                     argv=(python, "-c", PROBE, ws.path, *(posixpath.join(ws.path, e) for e in ws.exclude)),

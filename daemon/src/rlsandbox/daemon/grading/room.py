@@ -40,7 +40,8 @@ def plan_room(task: Task, facts: ImportFacts | None, base_archive: bytes, agent_
     """What the clean room gets (pure; runs in a worker thread). Raises AgentsMess for what the
     agent's workspace makes impossible, TaskSetupFailed for a broken task."""
     ev = task.spec.evaluation
-    ws, excluded = task.spec.workspace.path, task.spec.workspace.exclude
+    ws = task.spec.workspace.path
+    excluded = facts.excluded(task.spec.workspace.exclude) if facts else task.spec.workspace.exclude
     base = snapshot_from_archive(base_archive, excluded)  # the engine's archive of a fresh sandbox: a failure is infra
     try:
         mine = snapshot_from_archive(agent_archive, excluded)

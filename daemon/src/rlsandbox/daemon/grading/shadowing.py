@@ -14,6 +14,11 @@ that would shadow one of them from a folder that can be an import root:
 Names the base workspace already provides at that root are the project's own, and stay allowed.
 Files in a workspace folder that the test command's ``PATH`` names are discarded too (a ``go``,
 ``node`` or ``pytest`` wrapper).
+
+A Python environment inside the workspace (a virtualenv's ``pyvenv.cfg``, a conda ``conda-meta``,
+the interpreter's own prefix) holds the runner and its dependencies, not the project: the probe
+names each one, and the grader treats it as the task's ``workspace.exclude`` does (never read from
+the agent, the clean room keeps its own), whether the task lists it or not.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ import json
 import posixpath
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+from rlsandbox.daemon.grading.task import check_relative
 
 # Run by the clean room's interpreter with cwd=/ and the task's environment, with the workspace and
 # its excluded paths (a virtualenv inside it: what resolves there is the image's, not the
@@ -32,6 +39,27 @@ PROBE = r"""
 import json, os, pkgutil, sys
 ws = os.path.realpath(sys.argv[1])
 image = [os.path.realpath(p) for p in sys.argv[2:]]  # the workspace's excluded paths: the image's own
+# Python environments inside the workspace, found before any agent file is there: the image's too.
+envs = set()
+if sys.prefix and os.path.realpath(sys.prefix).startswith(ws + "/"):
+    envs.add(os.path.relpath(os.path.realpath(sys.prefix), ws))
+todo, seen = [(ws, 0)], 0
+while todo and seen < 20000:
+    folder, depth = todo.pop()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        continue
+    seen += len(entries)
+    names = {e.name for e in entries}
+    if folder != ws and ("pyvenv.cfg" in names or "conda-meta" in names):
+        envs.add(os.path.relpath(folder, ws))
+        continue
+    if depth < 4:
+        skip = (".git", "node_modules")
+        todo += [(e.path, depth + 1) for e in entries if e.name not in skip and e.is_dir(follow_symlinks=False)]
+envs = sorted(e for e in envs if e != "." and not e.startswith(".."))
+image += [os.path.join(ws, e) for e in envs]
 names = set(sys.builtin_module_names) | set(getattr(sys, "stdlib_module_names", ()))
 for entry in sys.path:
     if not entry or not os.path.isabs(entry):
@@ -62,7 +90,8 @@ except Exception:
 # The PATH the test command starts with (the image's own, or the task's): a workspace folder on it
 # holds programs the command may run.
 path = os.environ.get("PATH", "")
-print(json.dumps({"names": sorted(names), "pytest_dir": pytest_dir, "user_site": user_site, "site_dir": site_dir, "path": path}))
+facts = {"pytest_dir": pytest_dir, "user_site": user_site, "site_dir": site_dir, "path": path, "envs": envs}
+print(json.dumps({"names": sorted(names), **facts}))
 """
 
 _IMPORT_SUFFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\.py|\.pyc|\.pyw|\.so|\.pyd|\.[A-Za-z0-9_-]+\.so|\.abi3\.so)$")
@@ -80,13 +109,15 @@ class ImportFacts:
     user_site: str = ""  # the user site-packages relative to PYTHONUSERBASE ("lib/python3.11/site-packages")
     site_dir: str = ""  # the first folder whose .pth files the interpreter runs as it starts
     path: str = ""  # the PATH the test command starts with (the image's, or the task's env)
+    envs: tuple[str, ...] = ()  # workspace-relative Python environments: the image's, never the agent's
 
     @classmethod
     def parse(cls, stdout: bytes) -> ImportFacts:
         doc = json.loads(stdout.decode("utf-8").strip().splitlines()[-1])
         names = frozenset(str(n) for n in doc["names"])
-        paths = (str(doc.get(k) or "") for k in ("pytest_dir", "user_site", "site_dir", "path"))
-        return cls(names, *paths)
+        pytest_dir, user_site, site_dir, path = (str(doc.get(k) or "") for k in ("pytest_dir", "user_site", "site_dir", "path"))
+        envs = tuple(check_relative(str(e)) for e in doc.get("envs") or ())
+        return cls(names, pytest_dir, user_site, site_dir, path, envs)
 
     def merged(self, other: ImportFacts) -> ImportFacts:
         """The facts of two interpreters the command names: every reserved name, the first paths."""
@@ -96,16 +127,27 @@ class ImportFacts:
             self.user_site or other.user_site,
             self.site_dir or other.site_dir,
             self.path or other.path,
+            tuple(sorted({*self.envs, *other.envs})),
         )
 
+    def excluded(self, task_exclude: Iterable[str]) -> list[str]:
+        """The task's excluded paths and the environments found inside the workspace."""
+        return list(dict.fromkeys([*task_exclude, *self.envs]))
 
-def interpreters(test_command: str) -> list[str]:
-    """The Python interpreters the test command names outside the workspace (python3 by default)."""
+
+def interpreters(test_command: str, workspace: str) -> list[str]:
+    """The Python interpreters the test command names (python3 by default). One named by a path
+    relative to the workspace (``.venv/bin/python``) is the image's as the probe runs it: no agent
+    file is in the room yet."""
     try:
         words = shlex.split(test_command)
     except ValueError:
         words = test_command.split()
-    found = [w for w in words if _INTERPRETER.match(posixpath.basename(w)) and (w.startswith("/") or "/" not in w)]
+    found = [
+        w if w.startswith("/") or "/" not in w else posixpath.normpath(posixpath.join(workspace, w))
+        for w in words
+        if _INTERPRETER.match(posixpath.basename(w)) and not w.startswith(("$", "~"))
+    ]
     return list(dict.fromkeys(found or ["python3"]))
 
 
