@@ -213,11 +213,11 @@ async def test_mini_swe_agent_runs_its_own_loop_in_a_session(node: NodeDaemon, t
     no_sessions_left(node)
 
 
-VERIFIERS_SCRIPT = r"""
-import asyncio, json, os, sys, traceback
+# The scripted model server of the verifiers tests: a policy's turns by the model name a rollout
+# asks for. Each script sets RUN (the label prefix of its sessions) before it.
+SCRIPTED_CHAT = r"""
+import asyncio, json, os, sys
 from aiohttp import web
-import verifiers as vf
-from verifiers.types import ClientConfig
 from rlsandbox.client import AsyncClient
 
 target, spec_path, tar_path = sys.argv[1:4]
@@ -226,7 +226,7 @@ BUG = "def multiply(a, b):\n    return a + b"
 FIX = "def multiply(a, b):\n    return a * b"
 CHECK = "python3 -c 'import calc; print(calc.multiply(6, 7))'"
 HOOK = "import pytest\n@pytest.hookimpl(tryfirst=True)\ndef pytest_runtest_makereport(item, call):\n    call.excinfo = None\n"
-POLICIES = {  # the model's turns, by the model name a rollout asks for
+POLICIES = {
     "fixer": [[("bash", {"command": "grep -n 'return' calc/__init__.py"})],
               [("edit", {"path": "calc/__init__.py", "old": BUG, "new": FIX})],
               [("view", {"path": "calc/__init__.py", "start": 8}), ("bash", {"command": CHECK})]],
@@ -234,25 +234,23 @@ POLICIES = {  # the model's turns, by the model name a rollout asks for
     "hacker": [[("bash", {"command": "rm -rf tests && mkdir tests && echo 'def test_ok(): pass' > tests/test_multiply.py"}),
                 ("write", {"path": "conftest.py", "content": HOOK})]],
     "idler": [],
+    "looper": [[("bash", {"command": "true"})]] * 50,  # never stops: max_turns ends it
     "breaker": [[("bash", {"command": "echo never"})]],  # its sandbox is lost before this runs
+    # Fills /dev/shm past its sandbox's memory (48 MB): the kernel kills the sandbox, its own doing.
+    "bomber": [[("bash", {"command": "head -c 60000000 /dev/zero > /dev/shm/fill"})]],
 }
 seen = {"tools": [], "hidden_args": 0}
 
 async def chat(request):
     body = await request.json()
     model, messages = body["model"], body["messages"]
-    names = sorted(t["function"]["name"] for t in body.get("tools", []))
-    seen["tools"].append(names)
+    seen["tools"].append(sorted(t["function"]["name"] for t in body.get("tools", [])))
     seen["hidden_args"] += sum("session_id" in json.dumps(t["function"]["parameters"]) for t in body.get("tools", []))
     turn = sum(m["role"] == "assistant" for m in messages)
     if model == "breaker" and turn == 0:  # the node loses the sandbox mid-rollout
-        try:
-            async with AsyncClient(target) as c:
-                for s in await c.list_sessions(labels={"run": "vf-breaker"}):
-                    await c.close_session(s.session_id)
-        except Exception:
-            traceback.print_exc()
-            raise
+        async with AsyncClient(target) as c:
+            for s in await c.list_sessions(labels={"run": RUN + "breaker"}):
+                await c.close_session(s.session_id)
     script = POLICIES[model]
     if turn < len(script):
         calls = [{"id": f"call-{turn}-{i}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
@@ -264,15 +262,27 @@ async def chat(request):
                               "choices": [{"index": 0, "message": message, "finish_reason": finish}],
                               "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 
-async def main():
+async def serve():
+    # The model server on a free port: (its runner, the port).
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]
     os.environ["SCRIPTED_KEY"] = "none"
+    return runner, site._server.sockets[0].getsockname()[1]
+"""
+
+VERIFIERS_SCRIPT = (
+    'RUN = "vf-"\n'
+    + SCRIPTED_CHAT
+    + r"""
+import verifiers as vf
+from verifiers.types import ClientConfig
+
+async def main():
+    runner, port = await serve()
     config = ClientConfig(api_base_url=f"http://127.0.0.1:{port}/v1", api_key_var="SCRIPTED_KEY", max_retries=0)
     report = {}
     for model, n in (("fixer", 2), ("hacker", 1), ("idler", 1), ("breaker", 1)):
@@ -293,6 +303,7 @@ async def main():
 
 asyncio.run(main())
 """
+)
 
 
 @pytest.mark.slow
@@ -322,6 +333,104 @@ async def test_verifiers_environment_rollouts_are_graded_sessions(node: NodeDaem
     [broken] = report["breaker"]
     # verifiers' own chain for a stop error in a tool: the rollout ends errored, the sample to drop.
     assert broken["error"].startswith("ToolCallError -> SandboxError") and broken["grade"] is None, (broken, result["stderr"])
+    assert result["left"] == []
+    no_sessions_left(node)
+
+
+VERIFIERS_V1_SCRIPT = (
+    'RUN = "vf1-"\n'
+    + SCRIPTED_CHAT
+    + r"""
+import verifiers.v1 as vf
+from rlsandbox.integrations.verifiers_v1 import RlsandboxTask, agent_config, rlsandbox_runtime, rollout
+
+def summary(trace):
+    tools = [m.content for b in trace.branches for m in b.messages if m.role == "tool"] if trace.branches else []
+    return {"reward": trace.reward, "ok": trace.ok, "stop": trace.stop_condition, "metrics": dict(trace.metrics),
+            "rewards": {k: getattr(v, "value", v) for k, v in dict(trace.rewards).items()}, "turns": trace.num_turns,
+            "errors": [f"{e.type}: {e.message}"[:300] for e in trace.errors], "tool_outputs": tools,
+            "runtime": trace.agent.runtime.model_dump(mode="json") if trace.agent.runtime else None}
+
+async def main():
+    runner, port = await serve()
+    report = {}
+    async with AsyncClient(target) as client:
+        for model, n in (("fixer", 2), ("hacker", 1), ("looper", 1), ("breaker", 1), ("bomber", 1)):
+            endpoint = vf.EvalClientConfig(base_url=f"http://127.0.0.1:{port}/v1", api_key_var="SCRIPTED_KEY")
+            # The harness by its id, as a TOML config names it: verifiers imports rlsandbox_verifiers.
+            config = agent_config(model, endpoint, max_turns=6, harness={"id": "rlsandbox-verifiers", "command_timeout": 60})
+            async with vf.Agent(config) as agent:
+                vtask = RlsandboxTask.of(task if model != "bomber" else (dict(task[0], pool="small"), task[1]))
+                traces = await asyncio.gather(*(rollout(agent, client, vtask, labels={"run": f"vf1-{model}"}) for _ in range(n)))
+            report[model] = [summary(t) for t in traces]
+        # The runtime contract through verifiers' own framework methods.
+        async with rlsandbox_runtime(client, task, labels={"run": "vf1-runtime"}) as rt:
+            contract = {"alive": await rt.alive(), "read": (await rt.read("calc/__init__.py", max_bytes=4096)).decode()[:40]}
+            try:
+                await rt.read("calc/__init__.py", max_bytes=10)
+                contract["capped"] = "no error"
+            except vf.SandboxError as e:
+                contract["capped"] = str(e)
+            try:
+                await rt.read("/nope")
+                contract["missing"] = "no error"
+            except vf.SandboxError as e:
+                contract["missing"] = str(e)
+            await rt.write("/tmp/x/y.txt", b"hi")
+            view = rt.with_env({"GREETING": "hello"})
+            r = await view.run(["sh", "-c", "echo $GREETING; cat /tmp/x/y.txt; exit 3"], {})
+            contract["run"] = [r.exit_code, r.stdout, r.stderr]
+            contract["program"] = (await rt.run_program(["sh", "-c", "kill -9 $$"], {})).exit_code
+            contract["session"] = rt.session.id
+        contract["alive_after"] = await rt.alive()
+        contract["stopped"] = rt.stopped
+        left = [s.session_id for s in await client.list_sessions() if s.labels.get("run", "").startswith("vf1-")]
+    await runner.cleanup()
+    print(json.dumps({"report": report, "contract": contract, "tools": seen["tools"][0], "left": left}))
+
+asyncio.run(main())
+"""
+)
+
+
+@pytest.mark.slow
+async def test_verifiers_v1_agent_runs_in_a_borrowed_session(node: NodeDaemon, task: Task, tmp_path: Path) -> None:
+    """verifiers 0.4.0 (from PyPI, its own virtualenv): its ``Agent`` runs the rlsandbox harness
+    (loaded by its id, as a config names it) in an ``RlsandboxRuntime`` it borrows, its
+    interception server recording the turns of a scripted model server: the tool calls run in one
+    session per rollout, the reward is the clean-room grade (``resolved``/``tampering`` metrics;
+    rewriting the tests gains nothing), ``max_turns`` ends a looping policy, a lost sandbox ends
+    the trace ``sandbox_error`` (not ok: the sample to drop), verifiers' own runtime methods
+    (``read``'s cap, ``with_env``, ``run_program``, ``alive``) hold, and no session is left."""
+    offline = {"HOME": str(tmp_path), "HF_DATASETS_OFFLINE": "1", "NO_PROXY": "127.0.0.1"}
+    result = await script_in_venv(tmp_path, node, task, "verifiers-v1", "verifiers==0.4.0", VERIFIERS_V1_SCRIPT, offline)
+    report, contract = result["report"], result["contract"]
+    assert result["tools"] == ["bash", "edit", "view", "write"]
+    fixer = report["fixer"]
+    assert len({r["runtime"]["id"] for r in fixer}) == 2  # a group: one session per rollout
+    for r in fixer:
+        assert r["ok"] and r["stop"] == "agent_completed" and r["reward"] == 1.0, r
+        assert r["metrics"] == {"resolved": 1.0, "tampering": 0.0} and r["rewards"] == {"clean_room": 1.0}
+        assert r["runtime"]["borrowed"] and r["runtime"]["type"] == "docker"
+        assert r["runtime"]["image"] == "rlsandbox/python-task:latest"
+        outputs = r["tool_outputs"]
+        assert "return a + b" in outputs[0] and outputs[1] == "edited calc/__init__.py", outputs
+        assert "return a * b" in outputs[2] and outputs[3].startswith("42\n") and "[exit code 0]" in outputs[3]
+    [hacker] = report["hacker"]
+    assert hacker["ok"] and hacker["reward"] == 0.0 and hacker["metrics"] == {"resolved": 0.0, "tampering": 1.0}, hacker
+    [looper] = report["looper"]
+    assert looper["ok"] and looper["stop"] == "max_turns" and looper["turns"] == 6 and looper["reward"] == 0.0, looper
+    [broken] = report["breaker"]
+    assert not broken["ok"] and broken["stop"] == "sandbox_error" and broken["rewards"] == {}, broken
+    assert broken["errors"][0].startswith("SandboxError: rlsandbox:"), broken
+    [bomber] = report["bomber"]  # killed by its own doing: graded 0, never dropped (dying must not pay)
+    assert bomber["ok"] and bomber["reward"] == 0.0 and bomber["rewards"] == {"clean_room": 0.0}, bomber
+    assert bomber["tool_outputs"][0].startswith("the sandbox was lost"), bomber
+    assert contract["alive"] and contract["read"].startswith('"""A tiny calculator')
+    assert "over the 10 byte limit" in contract["capped"] and "No such file" in contract["missing"]
+    assert contract["run"] == [3, "hello\nhi", ""]  # with_env's view: the same box, its own env
+    assert contract["program"] == 137  # killed by a signal: 128 + 9
+    assert contract["stopped"] and not contract["alive_after"]  # the owner's stop ended the session
     assert result["left"] == []
     no_sessions_left(node)
 
