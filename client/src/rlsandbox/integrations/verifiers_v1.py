@@ -219,11 +219,12 @@ class RlsandboxTask(Task[RlsandboxTaskData]):
         """The session's clean-room grade; ``resolved`` and ``tampering`` go to the metrics."""
         session = _session(runtime)
         try:
-            grade: GradeResult | None = await session.grade()
+            grade: GradeResult = await session.grade()
         except SandboxRPCError as e:
-            grade = await tools.alost(session, e)  # the episode killed its sandbox: graded, 0
-            if grade is None:
+            lost = await tools.alost(session, e)  # the episode killed its sandbox: graded, 0
+            if lost is None:
                 raise SandboxError(f"rlsandbox: the grade failed: {e}") from e
+            grade = lost
         if grade.reward is None:
             raise SandboxError(f"rlsandbox: not scored ({grade.status}): {grade.message}")
         trace.record_metric("resolved", float(grade.resolved))

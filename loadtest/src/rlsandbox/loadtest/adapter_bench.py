@@ -13,6 +13,8 @@ is shared and noisy: only the ratios within a round and across rounds are compar
 is each adapter's p50 and mean over its raw client's. mini-swe-agent's adapter is measured when
 ``minisweagent`` is importable (its own venv in the tests); it runs commands through
 ``bash -lc`` as mini-swe-agent's docker environment does, so its raw counterpart is that command.
+verifiers 0.4's ``RlsandboxRuntime.run`` (an argv, as its harnesses call it) is measured when
+``verifiers.v1`` is importable (its own venv too), against the raw ``AsyncClient`` with that argv.
 """
 
 from __future__ import annotations
@@ -126,6 +128,11 @@ async def bench(steps: int, rounds: int) -> dict[str, Any]:
             "async raw client, bash -c": lambda: raw_async.exec(["bash", "-c", COMMAND]),
             "slime Sandbox": lambda: slime.exec(COMMAND),
         }
+        runtime = await _verifiers_runtime(client)
+        if runtime is not None:
+            raw_argv = await client.create_session("python")
+            async_steps["async raw client, argv"] = lambda: raw_argv.exec(COMMAND.split())
+            async_steps["verifiers.v1 Runtime.run"] = lambda: runtime.run(COMMAND.split(), {})
         try:
             for step in sync.values():  # warm every path once
                 await asyncio.to_thread(_time, step, 5)
@@ -144,6 +151,9 @@ async def bench(steps: int, rounds: int) -> dict[str, Any]:
             await tool.aclose()
             await slime.__aexit__(None, None, None)
             await raw_async.close()
+            if runtime is not None:
+                await runtime.session.close()
+                await raw_argv.close()
             await asyncio.to_thread(close)
     results: dict[str, Any] = {"steps_per_round": steps, "rounds": rounds, "adapters": {}}
     baselines = {
@@ -154,6 +164,7 @@ async def bench(steps: int, rounds: int) -> dict[str, Any]:
         "verl SandboxTool": "async raw client",
         "rLLM Sandbox": "raw client, bash -c",
         "slime Sandbox": "async raw client, bash -c",
+        "verifiers.v1 Runtime.run": "async raw client, argv",
     }
     for name, took in samples.items():
         entry: dict[str, Any] = {"latency": summary_ms(took), "mean_ms": statistics.fmean(took) * 1e3}
@@ -166,6 +177,15 @@ async def bench(steps: int, rounds: int) -> dict[str, Any]:
         results["adapters"][name] = entry
     results["machine"] = machine()
     return results
+
+
+async def _verifiers_runtime(client: AsyncClient) -> Any:
+    """verifiers 0.4's runtime over a session of the pool, when verifiers.v1 is importable."""
+    try:
+        from rlsandbox.integrations.verifiers_v1 import RlsandboxRuntime
+    except ImportError:
+        return None
+    return RlsandboxRuntime(await client.create_session("python"), owned=True)
 
 
 def render(r: dict[str, Any]) -> str:
