@@ -554,49 +554,55 @@ async def test_hack_a_program_where_the_images_path_finds_it_first(
     assert (solved.status, solved.reward) == ("ok", 1.0), (solved.message, solved.log.decode(errors="replace")[-1500:])
 
 
-# An image whose virtualenv, with the test runner in it, lives inside the workspace (R2E-Gym's
-# /testbed/.venv, a uv project's .venv), and a task that does not list it in workspace.exclude.
+# An image whose test runner is installed inside the workspace, with a task that does not list it
+# in workspace.exclude: a virtualenv (R2E-Gym's /testbed/.venv, a uv project's .venv), and
+# packages installed into a folder the test command puts on PYTHONPATH (pip install --target).
 VENV_IMAGE = (
     "FROM rlsandbox/python-task:latest\n"
     "RUN python3 -m venv --without-pip /workspace/.venv && "
-    "cp -a /usr/lib/python3/dist-packages/. /workspace/.venv/lib/python3.11/site-packages/\n"
+    "cp -a /usr/lib/python3/dist-packages/. /workspace/.venv/lib/python3.11/site-packages/ && "
+    "cp -a /usr/lib/python3/dist-packages/. /workspace/.deps/\n"
 )
 
 
-async def test_hack_the_runner_in_a_virtualenv_inside_the_workspace(
+async def test_hack_the_runner_installed_inside_the_workspace(
     images: dict[str, str], docker_runtime: DockerRuntime, tasks: dict[str, Task]
 ) -> None:
-    """The runner the tests run with is the workspace's .venv's: an agent that rewrote it (pytest's
-    __main__ exits 0; a test that raises passes) was paid 1.0 for an unfixed task, by exit code
-    and by pytest's report alike. The grader finds the Python environments inside the workspace in
-    the clean room before anything of the agent's is read (pyvenv.cfg, conda-meta, the
-    interpreter's prefix) and keeps the room's own, as for a path the task excludes."""
+    """The runner the tests run with is the workspace's (its .venv's, or a .deps folder on
+    PYTHONPATH): an agent that rewrote it (pytest's __main__ exits 0; a test that raises passes)
+    was paid 1.0 for an unfixed task, by exit code and by pytest's report alike. The grader finds
+    what is installed inside the workspace in the clean room before anything of the agent's is
+    read (pyvenv.cfg, conda-meta, a folder of *.dist-info, the interpreter's prefix) and keeps the
+    room's own, as for a path the task excludes."""
     tag = await build_test_image(docker_runtime, "workspace-venv", VENV_IMAGE)
     calc = tasks["py-calc"]
-    command = ".venv/bin/python -m pytest -rA -p no:cacheprovider tests"
-    by_report = calc.spec.evaluation.model_copy(update={"test_command": command})
-    by_exit = by_report.model_copy(update={"report_format": "exit-code", "fail_to_pass": [], "pass_to_pass": []})
-    variants = [
-        Task(calc.spec.model_copy(update={"pool": "venv", "evaluation": ev}), calc.workspace_tar) for ev in (by_report, by_exit)
-    ]
-    python_py = ".venv/lib/python3.11/site-packages/_pytest/python.py"
+    variants = []
+    for command, site in (
+        (".venv/bin/python -m pytest -rA -p no:cacheprovider tests", ".venv/lib/python3.11/site-packages"),
+        ("PYTHONPATH=.deps python3 -m pytest -rA -p no:cacheprovider tests", ".deps"),
+    ):
+        by_report = calc.spec.evaluation.model_copy(update={"test_command": command})
+        by_exit = by_report.model_copy(update={"report_format": "exit-code", "fail_to_pass": [], "pass_to_pass": []})
+        for ev in (by_report, by_exit):
+            variants.append((Task(calc.spec.model_copy(update={"pool": "venv", "evaluation": ev}), calc.workspace_tar), site))
     call = "    result = testfunction(**testargs)\n"
     try:
         pool = PoolConfig(name="venv", image=tag, min_ready=0, max_total=4)
         async with running_daemon(daemon_config(pools=[pool])) as node, AsyncClient(node.address, timeout=120) as client:
             hacked, solved = [], []
-            for task in variants:
+            for task, site in variants:
                 async with client.session(task=task) as s:
+                    python_py = f"{site}/_pytest/python.py"
                     src = (await s.read_files([python_py]))[python_py].data.decode()
                     assert call in src
                     swallowed = "    try:\n    " + call + "    except BaseException:\n        result = None\n"
                     await s.write_files(
                         {
-                            ".venv/lib/python3.11/site-packages/pytest/__main__.py": "raise SystemExit(0)\n",
+                            f"{site}/pytest/__main__.py": "raise SystemExit(0)\n",
                             python_py: src.replace(call, swallowed),  # a test that raises passes
                         }
                     )
-                    ran = await s.exec(command.replace("-rA", "-q"))
+                    ran = await s.exec(task.spec.evaluation.test_command.replace("-rA", "-q"))
                     assert ran.exit_code == 0, ran.stdout_text[-800:]  # the hack works where the agent ran it
                     hacked.append(await s.grade())
                 async with client.session(task=task) as s:

@@ -16,9 +16,10 @@ Files in a workspace folder that the test command's ``PATH`` names are discarded
 ``node`` or ``pytest`` wrapper).
 
 A Python environment inside the workspace (a virtualenv's ``pyvenv.cfg``, a conda ``conda-meta``,
-the interpreter's own prefix) holds the runner and its dependencies, not the project: the probe
-names each one, and the grader treats it as the task's ``workspace.exclude`` does (never read from
-the agent, the clean room keeps its own), whether the task lists it or not.
+a folder packages were installed into (``*.dist-info``), the interpreter's own prefix) holds the
+runner and its dependencies, not the project: the probe names each one, and the grader treats it
+as the task's ``workspace.exclude`` does (never read from the agent, the clean room keeps its
+own), whether the task lists it or not.
 """
 
 from __future__ import annotations
@@ -52,7 +53,10 @@ while todo and seen < 20000:
         continue
     seen += len(entries)
     names = {e.name for e in entries}
-    if folder != ws and ("pyvenv.cfg" in names or "conda-meta" in names):
+    # A virtualenv, a conda env, or a folder packages were installed into (pip install --target,
+    # __pypackages__): *.dist-info is what an install writes, never a project's source tree.
+    installed = any(n.endswith(".dist-info") for n in names)
+    if folder != ws and ("pyvenv.cfg" in names or "conda-meta" in names or installed):
         envs.add(os.path.relpath(folder, ws))
         continue
     if depth < 4:
