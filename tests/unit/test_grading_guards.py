@@ -916,13 +916,14 @@ def test_probe_names_the_python_environments_inside_the_workspace(tmp_path: Path
     (site / "vendored_runner.py").write_text("")
     (ws / "tools/envs/conda/conda-meta").mkdir(parents=True)
     (ws / "vendor/deps/pytest-7.2.1.dist-info").mkdir(parents=True)  # pip install --target vendor/deps
+    (ws / "vendor/deps/vendored_dep.py").write_text("")  # not on the probe's path: a command's PYTHONPATH
     (ws / "src/pkg").mkdir(parents=True)
     (ws / "src/pkg/pyvenv.cfg.txt").write_text("")  # not an environment
     (ws / "src/pkg.egg-info").mkdir()  # setup.py develop writes this next to the project's code
     out = subprocess.run([str(ws / ".venv/bin/python"), "-c", PROBE, str(ws)], capture_output=True, check=True).stdout
     facts = ImportFacts.parse(out)
     assert facts.envs == (".venv", "tools/envs/conda", "vendor/deps")
-    assert "vendored_runner" in facts.reserved  # the venv's own modules, once it is the image's
+    assert {"vendored_runner", "vendored_dep"} <= facts.reserved  # what the environments hold
     assert facts.excluded([".venv", "data"]) == [".venv", "data", "tools/envs/conda", "vendor/deps"]
     assert facts.merged(ImportFacts(frozenset(), envs=("other",))).envs == (".venv", "other", "tools/envs/conda", "vendor/deps")
 

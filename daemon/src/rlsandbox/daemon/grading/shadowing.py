@@ -37,7 +37,7 @@ from rlsandbox.daemon.grading.task import check_relative
 # its excluded paths (a virtualenv inside it: what resolves there is the image's, not the
 # project's) as arguments; prints one JSON line.
 PROBE = r"""
-import json, os, pkgutil, sys
+import glob, json, os, pkgutil, sys
 ws = os.path.realpath(sys.argv[1])
 image = [os.path.realpath(p) for p in sys.argv[2:]]  # the workspace's excluded paths: the image's own
 # Python environments inside the workspace, found before any agent file is there: the image's too.
@@ -76,6 +76,15 @@ for entry in sys.path:
         names.update(m.name for m in pkgutil.iter_modules([entry]))
     except Exception:
         pass
+# What those environments hold is the image's too, on this interpreter's path or not (a command
+# may put one there itself: PYTHONPATH=.deps).
+for env in envs:
+    root = os.path.join(ws, env)
+    for site_dir in [root, *glob.glob(os.path.join(root, "lib", "python*", "site-packages"))]:
+        try:
+            names.update(m.name for m in pkgutil.iter_modules([site_dir]))
+        except Exception:
+            pass
 pytest_dir = ""
 try:
     import _pytest
