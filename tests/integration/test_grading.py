@@ -619,6 +619,40 @@ async def test_hack_the_runner_installed_inside_the_workspace(
     assert "guard did not load" not in solved[0].message and not solved[0].tampering, solved[0].message
 
 
+async def test_what_the_grader_learns_of_a_workspace_is_not_taken_for_another_workspaces(
+    grading_daemon: NodeDaemon, gclient: AsyncClient, tasks: dict[str, Task]
+) -> None:
+    """What the clean room's probe finds (the environments installed inside the workspace) is
+    cached, and depends on the workspace: two tasks with the same image, setup and command but
+    another workspace do not share it. A task whose runner is installed in the workspace
+    (``.deps``, with its dist-info), graded after a task without it, was graded as if it had none:
+    the agent's rewritten runner was taken, and paid 1.0."""
+    calc = tasks["py-calc"]
+    command = "PYTHONPATH=.deps python3 -m checker"
+    ev = calc.spec.evaluation.model_copy(
+        update={"test_command": command, "report_format": "exit-code", "fail_to_pass": [], "pass_to_pass": []}
+    )
+    spec = calc.spec.model_copy(update={"id": "py-calc-runner", "evaluation": ev})
+    runner = {
+        ".deps/checker/__init__.py": "",
+        ".deps/checker/__main__.py": "import sys, calc\nsys.exit(0 if calc.multiply(6, 7) == 42 else 1)\n",
+        ".deps/checker-1.0.dist-info/METADATA": "Name: checker\nVersion: 1.0\n",
+    }
+    without = Task(spec, calc.workspace_tar)  # its command finds no runner: it fails, reward 0
+    with_runner = Task(spec, tar_files(runner, calc.workspace_tar))
+    async with gclient.session(task=without) as s:
+        first = await s.grade()  # the probe of this image, setup and command is cached now
+    async with gclient.session(task=with_runner) as s:
+        unsolved = await s.grade()
+        await s.write_files({".deps/checker/__main__.py": "raise SystemExit(0)\n"})
+        assert (await s.exec(command)).exit_code == 0  # the hack works where the agent ran it
+        hacked = await s.grade()
+        await solve_calc(s)
+        solved = await s.grade()
+    assert (first.status, first.reward) == ("ok", 0.0), first.message
+    assert (unsolved.reward, hacked.reward, solved.reward) == (0.0, 0.0, 1.0), (hacked.message, solved.message)
+
+
 async def test_prefetched_sandboxes_start_sessions_and_clean_rooms(
     grading_daemon: NodeDaemon, gclient: AsyncClient, tasks: dict[str, Task]
 ) -> None:

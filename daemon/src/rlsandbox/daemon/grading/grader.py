@@ -231,10 +231,23 @@ class Grader:
     async def _probe(self, room: Sandbox, task: Task) -> ImportFacts | None:
         """What the clean room's interpreters resolve outside the workspace, before any agent file is there.
 
-        The answer depends on the image, the setup commands and the environment only: it is cached.
+        The answer depends on the image, the workspace put in it (the environments found there),
+        the setup commands and the environment only: it is cached.
         """
         ev, ws = task.spec.evaluation, task.spec.workspace
-        key = (room.image, tuple(task.spec.setup), tuple(sorted(ev.env.items())), ev.test_command, ws.path, tuple(ws.exclude))
+        tar = task.workspace_tar  # bytes keep their hash once computed (prepare may have)
+        digest = hash(tar) if len(tar) < 1 << 20 else await asyncio.to_thread(hash, tar)
+        key = (
+            room.image,
+            tuple(task.spec.setup),
+            tuple(sorted(ev.env.items())),
+            ev.test_command,
+            ws.path,
+            tuple(ws.exclude),
+            ws.patch,
+            len(tar),
+            digest,
+        )
         if key in self._facts:
             return self._facts[key]
         facts: ImportFacts | None = None
