@@ -653,6 +653,51 @@ async def test_what_the_grader_learns_of_a_workspace_is_not_taken_for_another_wo
     assert (unsolved.reward, hacked.reward, solved.reward) == (0.0, 0.0, 1.0), (hacked.message, solved.message)
 
 
+async def test_hack_the_script_the_test_command_runs(
+    grading_daemon: NodeDaemon, gclient: AsyncClient, tasks: dict[str, Task]
+) -> None:
+    """A test command that runs a workspace file as its runner (``sh ci/run_tests.sh``, ``python3
+    run_tests.py``, a program named by its path) ran the agent's copy of it in the clean room: one
+    that prints what a passing pytest run prints was paid 1.0 for an unfixed task (the pytest
+    guard does not load, as no pytest runs: the report is read as it is). What the test command
+    runs as its program or runner script is the task's now: the agent's change to it is
+    discarded, and listed in ``tampering``."""
+    calc = tasks["py-calc"]
+    ev = calc.spec.evaluation
+    ids = [*ev.fail_to_pass, *ev.pass_to_pass]
+    forged = "".join(f"echo 'PASSED {i}'; " for i in ids) + f"echo '===== {len(ids)} passed in 0.01s ====='"
+    pytest = "python3 -m pytest -rA -p no:cacheprovider tests"
+    variants = {
+        "sh ci/run_tests.sh": ("ci/run_tests.sh", pytest + "\n", forged + "\n"),
+        "python3 run_tests.py": (
+            "run_tests.py",
+            "import subprocess, sys\nsys.exit(subprocess.call(sys.argv[1:] or " + repr(pytest.split()) + "))\n",
+            f"import subprocess, sys\nsys.exit(subprocess.call(['sh', '-c', {forged!r}]))\n",
+        ),
+    }
+    results = {}
+    for command, (path, runner, hacked_runner) in variants.items():
+        task = Task(
+            calc.spec.model_copy(
+                update={"id": f"py-calc-{path.replace('/', '-')}", "evaluation": ev.model_copy(update={"test_command": command})}
+            ),
+            tar_files({path: runner}, calc.workspace_tar),
+        )
+        async with gclient.session(task=task) as s:
+            await s.write_files({path: hacked_runner})
+            ran = await s.exec(command)
+            assert ran.exit_code == 0 and b"PASSED tests/test_multiply.py::test_multiply" in ran.stdout, ran.stdout
+            hacked = await s.grade()
+            await solve_calc(s)
+            await s.write_files({path: runner})
+            solved = await s.grade()
+        results[command] = (hacked, solved)
+    for command, (hacked, solved) in results.items():
+        assert (hacked.status, hacked.reward) == ("ok", 0.0), (command, hacked.reward, hacked.message)
+        assert any("run by the test command" in t for t in hacked.tampering), (command, hacked.tampering)
+        assert (solved.status, solved.reward) == ("ok", 1.0), (command, solved.message, solved.tampering)
+
+
 async def test_prefetched_sandboxes_start_sessions_and_clean_rooms(
     grading_daemon: NodeDaemon, gclient: AsyncClient, tasks: dict[str, Task]
 ) -> None:

@@ -25,7 +25,7 @@ from rlsandbox.daemon.grading.guard import GUARD_SOURCE, GuardLog, guard_setup, 
 from rlsandbox.daemon.grading.patches import PatchError, apply_patch, parse_patch, patch_paths, reverse_patch
 from rlsandbox.daemon.grading.reports import Outcome, TestReport, parse_report
 from rlsandbox.daemon.grading.scan import scan
-from rlsandbox.daemon.grading.shadowing import PROBE, ImportFacts, Shadowing, command_paths, interpreters
+from rlsandbox.daemon.grading.shadowing import PROBE, ImportFacts, Shadowing, command_files, command_paths, interpreters
 from rlsandbox.daemon.grading.workspace import Entry, Snapshot, folders_holding_tests, plan
 
 # -- test patches ---------------------------------------------------------------------------------
@@ -896,6 +896,32 @@ def test_command_paths_and_interpreters() -> None:
     assert (
         Shadowing(frozenset(), exec_dirs=frozenset({"bin"})).why("bin/go", "file", {}, {}) == "on the test command's PATH (bin)"
     )
+
+
+def test_command_files_are_what_the_command_runs_as_its_runner() -> None:
+    """Programs named by a path, shells' scripts (and ``sh -c``'s, read in turn), interpreters'
+    scripts that are runners, make's makefiles; with the folders on the way. An interpreter's
+    script that may be the task's solution, ``-m`` modules, ``-c`` code and test arguments are not."""
+    ws = "/workspace"
+    cases = {
+        "./run_tests.sh": {"run_tests.sh"},
+        "bash ci/test.sh -x": {"ci", "ci/test.sh"},
+        "cd sub && ./run.sh": {"sub", "sub/run.sh"},
+        ".venv/bin/python -m pytest -rA tests": {".venv", ".venv/bin", ".venv/bin/python"},
+        "python3 setup.py test": {"setup.py"},
+        "node run-tests.js": {"run-tests.js"},
+        "sh -c './scripts/t.sh && echo ok'": {"scripts", "scripts/t.sh"},
+        "make test": {"GNUmakefile", "makefile", "Makefile"},
+        "PYTHONPATH=src timeout 60 tests/runtests.py": {"tests", "tests/runtests.py"},
+        "env A=1 /workspace/bin/test": {"bin", "bin/test"},
+        "python3 solution.py < in.txt": set(),
+        "python3 -m pytest tests/test_x.py calc/core.py": set(),
+        "python3 -c 'import x' tests.py": set(),
+        "/usr/bin/python3 -m pytest": set(),
+        "pytest 'unclosed": set(),
+    }
+    for command, expected in cases.items():
+        assert command_files(command, ws) == expected, command
 
 
 def test_probe_runs_here() -> None:

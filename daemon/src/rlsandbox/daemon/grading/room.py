@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from rlsandbox.daemon.errors import FailedPrecondition
 from rlsandbox.daemon.grading.patches import PatchError, apply_patch, patch_paths
 from rlsandbox.daemon.grading.scan import scan
-from rlsandbox.daemon.grading.shadowing import ImportFacts, Shadowing, command_paths
+from rlsandbox.daemon.grading.shadowing import ImportFacts, Shadowing, command_files, command_paths
 from rlsandbox.daemon.grading.task import Task
 from rlsandbox.daemon.grading.workspace import Changes, Entry, Snapshot, changes_tar, plan, snapshot_from_archive
 
@@ -53,8 +53,19 @@ def plan_room(task: Task, facts: ImportFacts | None, base_archive: bytes, agent_
     shadow = Shadowing(facts.reserved if facts else frozenset(), frozenset(imports), frozenset(execs))
     patch_targets = patch_paths(ev.test_patch.encode()) if ev.test_patch else []
     hidden_paths = [*ev.hidden_tests, *patch_targets]
+    # What the command runs as its program or runner script is the task's; of the folders on the
+    # way, only those that are not folders in the task's workspace (a symlink in a folder's place).
+    named = command_files(ev.test_command, ws)
+    commanded = frozenset(p for p in named if not any(q.startswith(p + "/") for q in named) or _not_a_folder(base, p))
     changes = plan(
-        base, mine, protected=ev.protected, test_files=ev.test_files, hidden=hidden_paths, shadow=shadow, kept=excluded
+        base,
+        mine,
+        protected=ev.protected,
+        test_files=ev.test_files,
+        hidden=hidden_paths,
+        shadow=shadow,
+        kept=excluded,
+        commanded=commanded,
     )
     findings = [f for p, e in changes.writes.items() if e.type == "file" for f in scan(p, file_data(base, p), e.data)]
     if ev.test_patch:
@@ -66,6 +77,11 @@ def plan_room(task: Task, facts: ImportFacts | None, base_archive: bytes, agent_
     hidden = {p: c.encode() for p, c in ev.hidden_tests.items()}
     tar = changes_tar(changes.writes, hidden) if changes.writes or hidden else b""
     return Planned(changes, mine, patch_targets, findings, tar)
+
+
+def _not_a_folder(base: Snapshot, path: str) -> bool:
+    entry = base.entries.get(path)
+    return entry is not None and entry.type != "dir"
 
 
 def apply_test_patch(patch: bytes, base: Snapshot, changes: Changes) -> None:

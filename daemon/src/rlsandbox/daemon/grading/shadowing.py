@@ -164,6 +164,84 @@ def interpreters(test_command: str, workspace: str) -> list[str]:
     return list(dict.fromkeys(found or ["python3"]))
 
 
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "source", "."})
+_SCRIPT_RUNNERS = re.compile(r"^(python[0-9.]*|node|nodejs|ruby|perl|php)$")
+# Scripts of an interpreter that are the runner, not the code under test (``python3 solution.py``
+# may be the task's solution: it stays the agent's).
+_RUNNER_SCRIPT = re.compile(r"(^|/)(setup|manage|noxfile|[^/]*tests?[^/]*)\.(py|js|mjs|cjs|rb|pl|php)$")
+_MAKEFILES = ("GNUmakefile", "makefile", "Makefile")
+_SEPARATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", "|&", ";;"})
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def command_files(test_command: str, workspace: str, depth: int = 0) -> set[str]:
+    """Workspace files (relative) the test command runs as its program or reads as its runner's
+    script: a program named by a path (``./run_tests.sh``, ``.venv/bin/python``), a shell's
+    script (``bash ci/test.sh``, ``sh -c '...'`` read in turn), an interpreter's script that is a
+    runner (``python setup.py test``, ``node run-tests.js``), make's makefiles. Each with its
+    folders on the way (a ``.venv`` symlink in place of the folder). They decide what the test run
+    reports, so they are the task's: an agent's change to one is discarded (``plan_room``)."""
+    lexer = shlex.shlex(test_command, posix=True, punctuation_chars=";&|()")
+    lexer.whitespace_split = True
+    try:
+        tokens = list(lexer)
+    except ValueError:
+        return set()
+    commands: list[list[str]] = [[]]
+    for token in tokens:
+        if token in _SEPARATORS:
+            commands.append([])
+        else:
+            commands[-1].append(token)
+    found: set[str] = set()
+    cwd = ""
+
+    def add(word: str) -> None:
+        rel = _relative(word if word.startswith("/") else posixpath.join(cwd, word) if cwd else word, workspace)
+        if rel:
+            parts = rel.split("/")
+            found.update("/".join(parts[: i + 1]) for i in range(len(parts)))
+
+    for words in commands:
+        while words and _ASSIGNMENT.match(words[0]):
+            words = words[1:]
+        while words and words[0] in ("exec", "command", "env", "time", "nice", "timeout", "xvfb-run"):
+            words = words[1:]
+            while words and (words[0].startswith("-") or _ASSIGNMENT.match(words[0]) or words[0][:1].isdigit()):
+                words = words[1:]
+        if not words:
+            continue
+        program, args = words[0], words[1:]
+        name = posixpath.basename(program)
+        if program == "cd":
+            target = next((a for a in args if not a.startswith("-")), "")
+            rel = _relative(target if target.startswith("/") else posixpath.join(cwd, target), workspace) if target else None
+            cwd = rel or ""
+            continue
+        if "/" in program:
+            add(program)
+        operands = [a for a in args if not a.startswith("-")]
+        if name in _SHELLS or name in ("sh", "bash"):
+            if "-c" in args and depth < 3:
+                script = args[args.index("-c") + 1] if args.index("-c") + 1 < len(args) else ""
+                inner = command_files(script, workspace, depth + 1) if not cwd else set()
+                found |= inner
+            elif operands:
+                add(operands[0])
+        elif _SCRIPT_RUNNERS.match(name) and operands and "-m" not in args[: args.index(operands[0])]:
+            if "-c" not in args[: args.index(operands[0])] and _RUNNER_SCRIPT.search(operands[0]):
+                add(operands[0])
+        elif name in ("make", "gmake"):
+            for i, a in enumerate(args):
+                if a in ("-f", "--file", "--makefile") and i + 1 < len(args):
+                    add(args[i + 1])
+                elif a.startswith(("--file=", "--makefile=")):
+                    add(a.split("=", 1)[1])
+            for makefile in _MAKEFILES:
+                add(makefile)
+    return found
+
+
 def _relative(entry: str, workspace: str) -> str | None:
     entry = entry.strip().strip("\"'")
     for cwd in ("$PWD", "${PWD}", "$(pwd)", "`pwd`"):

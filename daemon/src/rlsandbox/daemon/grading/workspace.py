@@ -132,6 +132,7 @@ def plan(
     hidden: list[str],
     shadow: Shadowing | None = None,
     kept: list[str] | tuple[str, ...] = (),
+    commanded: frozenset[str] = frozenset(),
 ) -> Changes:
     """The agent's changes to ``base`` that the clean room applies.
 
@@ -139,17 +140,21 @@ def plan(
     and to anything in the folders that hold them (``folders_holding_tests``); anything written at a hidden
     test's path; replacing a folder that holds protected files or hidden tests (by deleting it, or
     by a file or symlink in its place), which would remove them, or the ``kept`` paths (the
-    workspace's excluded ones, in neither snapshot: the clean room's own); and, with ``shadow``,
-    files that would run instead of the runner, its dependencies or a standard module.
+    workspace's excluded ones, in neither snapshot: the clean room's own); the ``commanded`` paths
+    (what the test command runs as its program or runner script: ``command_files``); and, with
+    ``shadow``, files that would run instead of the runner, its dependencies or a standard module.
     """
     test_globs = [*test_files, *folders_holding_tests(base, test_files)]
     guarded_patterns = [*protected, *test_globs]
     keep = {p for p in base.entries if matches(p, guarded_patterns)} | set(hidden) | set(kept)
+    keep |= commanded & base.entries.keys()
     changes = Changes()
 
     def guarded(path: str) -> str | None:
         if path in hidden:
             return "hidden test path"
+        if path in commanded:
+            return "run by the test command"
         if matches(path, test_files):
             return "test file"
         if matches(path, test_globs):
