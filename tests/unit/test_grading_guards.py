@@ -900,7 +900,8 @@ def test_command_paths_and_interpreters() -> None:
 
 def test_command_files_are_what_the_command_runs_as_its_runner() -> None:
     """Programs named by a path, shells' scripts (and ``sh -c``'s, read in turn), interpreters'
-    scripts that are runners, make's makefiles; with the folders on the way. An interpreter's
+    scripts that are runners, what runner programs read (make's makefiles, a noxfile, a jest
+    config); with the folders on the way. An interpreter's
     script that may be the task's solution, ``-m`` modules, ``-c`` code and test arguments are not."""
     ws = "/workspace"
     cases = {
@@ -912,6 +913,8 @@ def test_command_files_are_what_the_command_runs_as_its_runner() -> None:
         "node run-tests.js": {"run-tests.js"},
         "sh -c './scripts/t.sh && echo ok'": {"scripts", "scripts/t.sh"},
         "make test": {"GNUmakefile", "makefile", "Makefile"},
+        "nox -s tests && cargo test": {"noxfile.py", "Cargo.toml", "build.rs"},
+        "npx jest --ci": {f"jest.config.{e}" for e in ("js", "cjs", "mjs", "ts", "json")},
         "PYTHONPATH=src timeout 60 tests/runtests.py": {"tests", "tests/runtests.py"},
         "env A=1 /workspace/bin/test": {"bin", "bin/test"},
         "python3 solution.py < in.txt": set(),

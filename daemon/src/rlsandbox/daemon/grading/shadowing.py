@@ -169,7 +169,22 @@ _SCRIPT_RUNNERS = re.compile(r"^(python[0-9.]*|node|nodejs|ruby|perl|php)$")
 # Scripts of an interpreter that are the runner, not the code under test (``python3 solution.py``
 # may be the task's solution: it stays the agent's).
 _RUNNER_SCRIPT = re.compile(r"(^|/)(setup|manage|noxfile|[^/]*tests?[^/]*)\.(py|js|mjs|cjs|rb|pl|php)$")
-_MAKEFILES = ("GNUmakefile", "makefile", "Makefile")
+# What a runner program reads from the folder it starts in, and runs.
+_RUNNER_FILES = {
+    "make": ("GNUmakefile", "makefile", "Makefile"),
+    "gmake": ("GNUmakefile", "makefile", "Makefile"),
+    "nox": ("noxfile.py",),
+    "invoke": ("tasks.py", "invoke.yaml"),
+    "inv": ("tasks.py", "invoke.yaml"),
+    "just": ("justfile", "Justfile", ".justfile"),
+    "rake": ("Rakefile", "rakefile"),
+    "cargo": ("Cargo.toml", "build.rs"),
+    "mvn": ("pom.xml",),
+    "gradle": ("build.gradle", "build.gradle.kts", "settings.gradle", "settings.gradle.kts"),
+    "jest": ("jest.config.js", "jest.config.cjs", "jest.config.mjs", "jest.config.ts", "jest.config.json"),
+    "vitest": ("vitest.config.js", "vitest.config.mjs", "vitest.config.ts", "vite.config.js", "vite.config.ts"),
+    "mocha": (".mocharc.js", ".mocharc.cjs", ".mocharc.json", ".mocharc.yml", ".mocharc.yaml"),
+}
 _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", "|&", ";;"})
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
@@ -178,7 +193,8 @@ def command_files(test_command: str, workspace: str, depth: int = 0) -> set[str]
     """Workspace files (relative) the test command runs as its program or reads as its runner's
     script: a program named by a path (``./run_tests.sh``, ``.venv/bin/python``), a shell's
     script (``bash ci/test.sh``, ``sh -c '...'`` read in turn), an interpreter's script that is a
-    runner (``python setup.py test``, ``node run-tests.js``), make's makefiles. Each with its
+    runner (``python setup.py test``, ``node run-tests.js``), what a runner program reads from
+    where it starts (make's makefiles, nox's noxfile, jest's config: ``_RUNNER_FILES``). Each with its
     folders on the way (a ``.venv`` symlink in place of the folder). They decide what the test run
     reports, so they are the task's: an agent's change to one is discarded (``plan_room``)."""
     lexer = shlex.shlex(test_command, posix=True, punctuation_chars=";&|()")
@@ -237,8 +253,10 @@ def command_files(test_command: str, workspace: str, depth: int = 0) -> set[str]
                     add(args[i + 1])
                 elif a.startswith(("--file=", "--makefile=")):
                     add(a.split("=", 1)[1])
-            for makefile in _MAKEFILES:
-                add(makefile)
+        runner = name if name in _RUNNER_FILES else next((a for a in operands[:1] if a in _RUNNER_FILES), "")
+        if name in ("npx", "yarn", "pnpm", "bunx") or runner:  # npx jest, yarn vitest: the runner is the operand
+            for config in _RUNNER_FILES.get(runner, ()):
+                add(config)
     return found
 
 
