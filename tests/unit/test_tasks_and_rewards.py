@@ -26,6 +26,7 @@ from rlsandbox.daemon.grading.rewards import (
     parse_reward_file,
 )
 from rlsandbox.daemon.grading.task import (
+    DEFAULT_PROTECTED,
     EvaluationSpec,
     RewardSpec,
     Task,
@@ -648,3 +649,15 @@ def test_validation_flags_a_task_whose_tests_the_policy_can_change() -> None:
     command = bare.model_copy(update={"reward": bare.reward.model_copy(update={"policy": "command", "command": "echo 1"})})
     own = dataclasses.replace(task, spec=task.spec.model_copy(update={"evaluation": command}))
     assert judge(own, runs, exclude_flaky=False).verdict == "valid"
+
+
+def test_every_file_pytest_reads_its_configuration_from_is_protected_by_default() -> None:
+    """The names come from the installed pytest (9 added pytest.toml): a name a later pytest adds
+    fails this test instead of leaving a way to reconfigure the runner open."""
+    from _pytest.config import findpaths
+
+    names = [*getattr(findpaths, "CONFIG_LOADERS_BY_NAME", ()), "conftest.py"]
+    assert {"pytest.ini", "pyproject.toml", "conftest.py"} <= set(names)
+    for name in names:
+        for path in (name, f"pkg/sub/{name}"):
+            assert matches(path, list(DEFAULT_PROTECTED)), path

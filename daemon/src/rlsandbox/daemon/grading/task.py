@@ -39,6 +39,8 @@ DEFAULT_PROTECTED = (
     "**/conftest.py",
     "**/pytest.ini",
     "**/.pytest.ini",
+    "**/pytest.toml",  # pytest >= 9
+    "**/.pytest.toml",
     "**/tox.ini",
     "**/setup.cfg",
     "**/pyproject.toml",
