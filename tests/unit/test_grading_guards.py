@@ -912,6 +912,11 @@ def test_command_files_are_what_the_command_runs_as_its_runner() -> None:
         "python3 setup.py test": {"setup.py"},
         "node run-tests.js": {"run-tests.js"},
         "sh -c './scripts/t.sh && echo ok'": {"scripts", "scripts/t.sh"},
+        "cd sub && bash -c 'make -C lib check'": {
+            "sub",
+            "sub/lib",
+            *(f"sub/lib/{m}" for m in ("GNUmakefile", "makefile", "Makefile")),
+        },
         "make test": {"GNUmakefile", "makefile", "Makefile"},
         "nox -s tests && cargo test": {"noxfile.py", "Cargo.toml", "build.rs"},
         "npx jest --ci": {f"jest.config.{e}" for e in ("js", "cjs", "mjs", "ts", "json")},

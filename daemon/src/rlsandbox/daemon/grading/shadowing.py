@@ -189,7 +189,7 @@ _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", "|&", ";;"})
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
-def command_files(test_command: str, workspace: str, depth: int = 0) -> set[str]:
+def command_files(test_command: str, workspace: str, depth: int = 0, cwd: str = "") -> set[str]:
     """Workspace files (relative) the test command runs as its program or reads as its runner's
     script: a program named by a path (``./run_tests.sh``, ``.venv/bin/python``), a shell's
     script (``bash ci/test.sh``, ``sh -c '...'`` read in turn), an interpreter's script that is a
@@ -210,7 +210,6 @@ def command_files(test_command: str, workspace: str, depth: int = 0) -> set[str]
         else:
             commands[-1].append(token)
     found: set[str] = set()
-    cwd = ""
 
     def add(word: str) -> None:
         rel = _relative(word if word.startswith("/") else posixpath.join(cwd, word) if cwd else word, workspace)
@@ -240,8 +239,7 @@ def command_files(test_command: str, workspace: str, depth: int = 0) -> set[str]
         if name in _SHELLS or name in ("sh", "bash"):
             if "-c" in args and depth < 3:
                 script = args[args.index("-c") + 1] if args.index("-c") + 1 < len(args) else ""
-                inner = command_files(script, workspace, depth + 1) if not cwd else set()
-                found |= inner
+                found |= command_files(script, workspace, depth + 1, cwd)
             elif operands:
                 add(operands[0])
         elif _SCRIPT_RUNNERS.match(name) and operands and "-m" not in args[: args.index(operands[0])]:
@@ -254,9 +252,10 @@ def command_files(test_command: str, workspace: str, depth: int = 0) -> set[str]
                 elif a.startswith(("--file=", "--makefile=")):
                     add(a.split("=", 1)[1])
         runner = name if name in _RUNNER_FILES else next((a for a in operands[:1] if a in _RUNNER_FILES), "")
-        if name in ("npx", "yarn", "pnpm", "bunx") or runner:  # npx jest, yarn vitest: the runner is the operand
-            for config in _RUNNER_FILES.get(runner, ()):
-                add(config)
+        # make -C DIR, cargo --manifest-path...: the folder it starts in, where it says so.
+        start = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-C", "--directory")), "")
+        for config in _RUNNER_FILES.get(runner, ()):
+            add(posixpath.join(start, config) if start else config)
     return found
 
 
