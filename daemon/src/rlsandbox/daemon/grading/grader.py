@@ -166,24 +166,21 @@ class Grader:
             # workspace are the image's (the runner and its dependencies), read from no one.
             facts = await self._probe(room, task)
             excluded = facts.excluded(task.spec.workspace.exclude) if facts else task.spec.workspace.exclude
-            try:
-                with tracing.span("grade.agent_archive", **{"rlsandbox.container": agent.container_id}):
-                    agent_archive = await self.workspaces.read(
-                        agent, ws, self.max_workspace_bytes, fresh=False, timeout=self.agent_read_timeout, exclude=excluded
-                    )
-            except FileTooLarge:
+            agent_archive, base_archive = await asyncio.gather(
+                self._agent_archive(agent, ws, excluded),
+                self._base_archive(room, ws, excluded),
+                return_exceptions=True,
+            )
+            if isinstance(agent_archive, FileTooLarge):
                 return episodes_mess(f"the workspace {ws} is over the grading limit of {self.max_workspace_bytes >> 20} MiB")
-            except ReadTimedOut as e:
-                return episodes_mess(f"the workspace is too slow to read: {e.message}")
-            except ArchiveCutShort as e:
-                return episodes_mess(f"the workspace cannot be read whole: {e.message}")
-            try:
-                with tracing.span("grade.base_archive"):
-                    base_archive = await self.workspaces.read(room, ws, MAX_SNAPSHOT_BYTES, fresh=True, exclude=excluded)
-            except FileTooLarge:
-                raise TaskSetupFailed(
-                    f"the task's own workspace is over the grading limit of {MAX_SNAPSHOT_BYTES >> 20} MiB"
-                ) from None
+            if isinstance(agent_archive, ReadTimedOut):
+                return episodes_mess(f"the workspace is too slow to read: {agent_archive.message}")
+            if isinstance(agent_archive, ArchiveCutShort):
+                return episodes_mess(f"the workspace cannot be read whole: {agent_archive.message}")
+            for read in (agent_archive, base_archive):
+                if isinstance(read, BaseException):
+                    raise read
+            assert isinstance(agent_archive, bytes) and isinstance(base_archive, bytes)
             try:
                 # Parsing, diffing, scanning and packing workspaces is CPU work: off the event loop.
                 with tracing.span("grade.plan"):
@@ -227,6 +224,21 @@ class Grader:
             return result
         finally:
             pool.release(room, "clean room done", reuse=True)
+
+    async def _agent_archive(self, agent: Sandbox, ws: str, excluded: list[str]) -> bytes:
+        with tracing.span("grade.agent_archive", **{"rlsandbox.container": agent.container_id}):
+            return await self.workspaces.read(
+                agent, ws, self.max_workspace_bytes, fresh=False, timeout=self.agent_read_timeout, exclude=excluded
+            )
+
+    async def _base_archive(self, room: Sandbox, ws: str, excluded: list[str]) -> bytes:
+        try:
+            with tracing.span("grade.base_archive"):
+                return await self.workspaces.read(room, ws, MAX_SNAPSHOT_BYTES, fresh=True, exclude=excluded)
+        except FileTooLarge:
+            raise TaskSetupFailed(
+                f"the task's own workspace is over the grading limit of {MAX_SNAPSHOT_BYTES >> 20} MiB"
+            ) from None
 
     async def _probe(self, room: Sandbox, task: Task) -> ImportFacts | None:
         """What the clean room's interpreters resolve outside the workspace, before any agent file is there.
