@@ -125,7 +125,11 @@ class Membership:
             self._watch_task = asyncio.get_running_loop().create_task(self._watch(), name="membership-watch")
         now = time.time()
         if self._table is not None and time.monotonic() - self._table_updated <= self.ttl:
-            return [r for r in self._table.values() if now - float(r.get("ts", 0)) <= self.ttl]
+            live = {k: r for k, r in self._table.items() if now - float(r.get("ts", 0)) <= self.ttl}
+            # This node's own record, put in the bucket, missing from the watched table: the
+            # watcher is behind (its server was lost and its consumer not yet moved), not the node.
+            if self.key in live or self._left or self.published_total == 0:
+                return list(live.values())
         at, cached = self._cache
         if time.monotonic() - at < CACHE:
             return cached
