@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import io
 import os
 import subprocess
+import tarfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,12 +16,26 @@ from pathlib import Path
 from typing import Any
 
 from rlsandbox.daemon.config import DaemonConfig, PoolConfig
+from rlsandbox.daemon.runtime.docker import DockerRuntime
 from rlsandbox.daemon.server import NodeDaemon
 
 TEST_OWNER = f"test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 STATE_DIR = f"/tmp/rlsandbox-tests/{TEST_OWNER}"  # session journals of in-process daemons; removed at the end
 BUSYBOX = "rlsandbox/busybox:latest"
 PYTHON = "rlsandbox/python-task:latest"
+
+
+async def build_image(docker_runtime: DockerRuntime, tag: str, dockerfile: str, **folders: Path) -> None:
+    """A test image from a Dockerfile and folders beside it (``name=path``: COPY name ...)."""
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        data = dockerfile.encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        for name, path in folders.items():
+            tar.add(path, arcname=name)
+    await docker_runtime.images.build(context.getvalue(), tag=tag, labels={"rlsandbox.test": "1"})
 
 
 def daemon_config(**overrides: object) -> DaemonConfig:

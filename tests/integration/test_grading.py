@@ -7,18 +7,16 @@ does: run the tests where the agent worked) the attack wins, graded in the clean
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import shutil
 import subprocess
 import sys
-import tarfile
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from helpers import daemon_config, running_daemon, swesmith_clone
+from helpers import build_image, daemon_config, running_daemon, swesmith_clone
 from rlsandbox.client import AsyncClient, AsyncSession, InvalidArgumentError, NotFoundError
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.grading.task import RewardSpec, Task, load_tasks, tar_files
@@ -502,18 +500,6 @@ async def test_a_reward_file_counts_only_as_the_tests_wrote_it(gclient: AsyncCli
     assert (stuck.status, stuck.reward) == ("ok", 0.0) and "could not be removed" in stuck.message, stuck.message
 
 
-async def build_test_image(docker_runtime: DockerRuntime, name: str, dockerfile: str) -> str:
-    """Build ``dockerfile`` under a fresh rls-test tag (labelled: removed by the test or the sweep)."""
-    tag = f"rls-test/{name}:{uuid.uuid4().hex[:8]}"
-    context = io.BytesIO()
-    with tarfile.open(fileobj=context, mode="w") as tar:
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(dockerfile)
-        tar.addfile(info, io.BytesIO(dockerfile.encode()))
-    await docker_runtime.images.build(context.getvalue(), tag=tag, labels={"rlsandbox.test": "1"})
-    return tag
-
-
 # An image whose own PATH names a folder of the workspace (a project's bin/, an in-tree venv's bin/).
 PATH_IMAGE = (
     "FROM rlsandbox/python-task:latest\nENV PATH=/workspace/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
@@ -527,7 +513,8 @@ async def test_hack_a_program_where_the_images_path_finds_it_first(
     bin/python3 that exits 0 paid 1.0 to an unfixed task graded by exit code. The grader takes the
     PATH the command starts with from the room (not only from the command and the task's env) and
     discards the agent's files on it, as tampering."""
-    tag = await build_test_image(docker_runtime, "workspace-path", PATH_IMAGE)
+    tag = f"rls-test/workspace-path:{uuid.uuid4().hex[:8]}"
+    await build_image(docker_runtime, tag, PATH_IMAGE)
     calc = tasks["py-calc"]
     ev = calc.spec.evaluation.model_copy(
         update={
@@ -574,7 +561,8 @@ async def test_hack_the_runner_installed_inside_the_workspace(
     what is installed inside the workspace in the clean room before anything of the agent's is
     read (pyvenv.cfg, conda-meta, a folder of *.dist-info, the interpreter's prefix) and keeps the
     room's own, as for a path the task excludes."""
-    tag = await build_test_image(docker_runtime, "workspace-venv", VENV_IMAGE)
+    tag = f"rls-test/workspace-venv:{uuid.uuid4().hex[:8]}"
+    await build_image(docker_runtime, tag, VENV_IMAGE)
     calc = tasks["py-calc"]
     variants = []
     for command, site in (

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import BUSYBOX, FMT, PYTHON, daemon_config, eventually, running_daemon, swesmith_clone
+from helpers import BUSYBOX, FMT, PYTHON, build_image, daemon_config, eventually, running_daemon, swesmith_clone
 from rlsandbox.client import AsyncClient, FailedPreconditionError, InvalidArgumentError
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.model import image_pool_name
@@ -137,22 +137,6 @@ async def test_names_past_the_engines_length_limit_are_invalid_arguments(node: N
     async with AsyncClient(node.address, timeout=60) as client:
         with pytest.raises(InvalidArgumentError, match="at most 255"):
             await client.create_session(image="x" * 300)
-
-
-async def build_image(docker_runtime: DockerRuntime, tag: str, dockerfile: str, **folders: Path) -> None:
-    """A test image from a Dockerfile and folders beside it (``name=path``: COPY name ...)."""
-    import io
-    import tarfile
-
-    context = io.BytesIO()
-    with tarfile.open(fileobj=context, mode="w") as tar:
-        data = dockerfile.encode()
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-        for name, path in folders.items():
-            tar.add(path, arcname=name)
-    await docker_runtime.images.build(context.getvalue(), tag=tag, labels={"rlsandbox.test": "1"})
 
 
 async def image_pool_removed(node: NodeDaemon, docker_runtime: DockerRuntime, tag: str) -> None:

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from helpers import daemon_config, running_daemon
+from helpers import build_image, daemon_config, running_daemon
 from rlsandbox.client import AsyncClient, AsyncSession
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.grading.task import Task, load_tasks
@@ -65,12 +65,7 @@ PROBE = "import builtins, os\nbuiltins.RLSB_PROBE = os.getuid()\n"
 @pytest.fixture(scope="module")
 async def pth_image(images: dict[str, str], docker_runtime: DockerRuntime) -> AsyncIterator[str]:
     tag = f"rls-test/warm-pth:{uuid.uuid4().hex[:8]}"
-    context = io.BytesIO()
-    with tarfile.open(fileobj=context, mode="w") as tar:
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(PTH_IMAGE)
-        tar.addfile(info, io.BytesIO(PTH_IMAGE.encode()))
-    await docker_runtime.images.build(context.getvalue(), tag=tag, labels={"rlsandbox.test": "1"})
+    await build_image(docker_runtime, tag, PTH_IMAGE)
     try:
         yield tag
     finally:
