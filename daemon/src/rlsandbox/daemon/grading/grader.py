@@ -51,7 +51,7 @@ from rlsandbox.daemon.grading.rewards import (
     parse_command_reward,
     parse_reward_file,
 )
-from rlsandbox.daemon.grading.room import AgentsMess, TaskSetupFailed, file_data, plan_room
+from rlsandbox.daemon.grading.room import AgentsMess, TaskSetupFailed, excluded_paths, file_data, plan_room
 from rlsandbox.daemon.grading.shadowing import PROBE, ImportFacts, interpreters
 from rlsandbox.daemon.grading.task import Task
 from rlsandbox.daemon.grading.workspace import changes_tar, snapshot_from_archive
@@ -165,7 +165,7 @@ class Grader:
             # Before anything of the agent's is read: the Python environments inside the
             # workspace are the image's (the runner and its dependencies), read from no one.
             facts = await self._probe(room, task)
-            excluded = facts.excluded(task.spec.workspace.exclude) if facts else task.spec.workspace.exclude
+            excluded = excluded_paths(task, facts)
             agent_archive, base_archive = await asyncio.gather(
                 self._agent_archive(agent, ws, excluded),
                 self._base_archive(room, ws, excluded),

@@ -41,7 +41,7 @@ def plan_room(task: Task, facts: ImportFacts | None, base_archive: bytes, agent_
     agent's workspace makes impossible, TaskSetupFailed for a broken task."""
     ev = task.spec.evaluation
     ws = task.spec.workspace.path
-    excluded = facts.excluded(task.spec.workspace.exclude) if facts else task.spec.workspace.exclude
+    excluded = excluded_paths(task, facts)
     base = snapshot_from_archive(base_archive, excluded)  # the engine's archive of a fresh sandbox: a failure is infra
     try:
         mine = snapshot_from_archive(agent_archive, excluded)
@@ -77,6 +77,12 @@ def plan_room(task: Task, facts: ImportFacts | None, base_archive: bytes, agent_
     hidden = {p: c.encode() for p, c in ev.hidden_tests.items()}
     tar = changes_tar(changes.writes, hidden) if changes.writes or hidden else b""
     return Planned(changes, mine, patch_targets, findings, tar)
+
+
+def excluded_paths(task: Task, facts: ImportFacts | None) -> list[str]:
+    """What grading reads from no one: the task's excluded paths and the Python environments the
+    probe found inside the workspace."""
+    return facts.excluded(task.spec.workspace.exclude) if facts else task.spec.workspace.exclude
 
 
 def _not_a_folder(base: Snapshot, path: str) -> bool:
