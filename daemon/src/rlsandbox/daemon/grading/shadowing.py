@@ -211,8 +211,11 @@ def command_files(test_command: str, workspace: str, depth: int = 0, cwd: str = 
             commands[-1].append(token)
     found: set[str] = set()
 
+    def resolve(word: str) -> str | None:
+        return _relative(word if word.startswith("/") else posixpath.join(cwd, word), workspace)
+
     def add(word: str) -> None:
-        rel = _relative(word if word.startswith("/") else posixpath.join(cwd, word) if cwd else word, workspace)
+        rel = resolve(word)
         if rel:
             parts = rel.split("/")
             found.update("/".join(parts[: i + 1]) for i in range(len(parts)))
@@ -230,13 +233,12 @@ def command_files(test_command: str, workspace: str, depth: int = 0, cwd: str = 
         name = posixpath.basename(program)
         if program == "cd":
             target = next((a for a in args if not a.startswith("-")), "")
-            rel = _relative(target if target.startswith("/") else posixpath.join(cwd, target), workspace) if target else None
-            cwd = rel or ""
+            cwd = (resolve(target) if target else None) or ""
             continue
         if "/" in program:
             add(program)
         operands = [a for a in args if not a.startswith("-")]
-        if name in _SHELLS or name in ("sh", "bash"):
+        if name in _SHELLS:
             if "-c" in args and depth < 3:
                 script = args[args.index("-c") + 1] if args.index("-c") + 1 < len(args) else ""
                 found |= command_files(script, workspace, depth + 1, cwd)
