@@ -932,6 +932,20 @@ def test_command_files_are_what_the_command_runs_as_its_runner() -> None:
         assert command_files(command, ws) == expected, command
 
 
+def test_probe_finds_an_environment_at_the_top_of_a_large_repository(tmp_path: Path) -> None:
+    """The walk has a budget (20,000 entries): in a repository with more than that below its top,
+    the environment at the top is still found (the walk goes breadth first)."""
+    ws = tmp_path / "ws"
+    for i in range(8):
+        deep = ws / f"src{i}" / "a" / "b"
+        deep.mkdir(parents=True)
+        for j in range(3000):
+            (deep / f"m{j}.py").touch()
+    (ws / ".deps" / "pytest-9.0.dist-info").mkdir(parents=True)
+    out = subprocess.run([sys.executable, "-c", PROBE, str(ws)], capture_output=True, check=True).stdout
+    assert ImportFacts.parse(out).envs == (".deps",)
+
+
 def test_probe_runs_here() -> None:
     env = {**os.environ, "PATH": "/workspace/bin:/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", PROBE, "/nonexistent"], capture_output=True, check=True, env=env).stdout

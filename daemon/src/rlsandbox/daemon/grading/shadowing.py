@@ -37,16 +37,17 @@ from rlsandbox.daemon.grading.task import check_relative
 # its excluded paths (a virtualenv inside it: what resolves there is the image's, not the
 # project's) as arguments; prints one JSON line.
 PROBE = r"""
-import glob, json, os, pkgutil, sys
+import collections, glob, json, os, pkgutil, sys
 ws = os.path.realpath(sys.argv[1])
 image = [os.path.realpath(p) for p in sys.argv[2:]]  # the workspace's excluded paths: the image's own
 # Python environments inside the workspace, found before any agent file is there: the image's too.
 envs = set()
 if sys.prefix and os.path.realpath(sys.prefix).startswith(ws + "/"):
     envs.add(os.path.relpath(os.path.realpath(sys.prefix), ws))
-todo, seen = [(ws, 0)], 0
+# Breadth first: a large repository spends the budget on its deep folders last.
+todo, seen = collections.deque([(ws, 0)]), 0
 while todo and seen < 20000:
-    folder, depth = todo.pop()
+    folder, depth = todo.popleft()
     try:
         entries = list(os.scandir(folder))
     except OSError:
@@ -61,7 +62,7 @@ while todo and seen < 20000:
         continue
     if depth < 4:
         skip = (".git", "node_modules")
-        todo += [(e.path, depth + 1) for e in entries if e.name not in skip and e.is_dir(follow_symlinks=False)]
+        todo.extend((e.path, depth + 1) for e in entries if e.name not in skip and e.is_dir(follow_symlinks=False))
 envs = sorted(e for e in envs if e != "." and not e.startswith(".."))
 image += [os.path.join(ws, e) for e in envs]
 names = set(sys.builtin_module_names) | set(getattr(sys, "stdlib_module_names", ()))
