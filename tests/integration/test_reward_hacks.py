@@ -216,6 +216,30 @@ async def test_a_workspace_too_slow_to_read_scores_zero_not_no_reward(
     assert "too slow to read" in result.message
 
 
+async def test_a_workspace_too_slow_to_read_holds_no_clean_room(
+    hack_daemon: NodeDaemon, hclient: AsyncClient, textkit: Task, request: pytest.FixtureRequest
+) -> None:
+    """The agent's workspace is read before a clean room is taken once the grader knows what the
+    task's workspace holds (the probe, cached from an earlier grade of the task): a policy whose
+    workspace takes the read's whole deadline does not keep a room from other grades meanwhile."""
+    if "recycled" not in request.node.callspec.id:
+        pytest.skip("a root episode's workspace is read by the engine, under the engine's own deadline")
+    pool = hack_daemon.grader.pools.get("python")
+    assert pool is not None
+    async with hclient.session(task=textkit) as s:
+        assert (await s.grade()).status == "ok"  # the probe's answer for this task is known now
+        made = await s.exec("mkdir many && cd many && seq 1 30000 | xargs touch", timeout=120)
+        assert made.exit_code == 0, made.stderr_text
+        acquired = pool.stats().acquired_total
+        hack_daemon.grader.agent_read_timeout = 0.005
+        try:
+            result = await s.grade()
+        finally:
+            hack_daemon.grader.agent_read_timeout = 60.0
+    assert result.status == "ok" and result.reward == 0.0 and "too slow to read" in result.message, result.message
+    assert pool.stats().acquired_total == acquired  # no room was taken for it
+
+
 @pytest.mark.parametrize(
     "files",
     [

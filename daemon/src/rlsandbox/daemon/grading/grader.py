@@ -155,6 +155,14 @@ class Grader:
         if pool is None:  # pragma: no cover - a session's pool exists while the session does
             raise FailedPrecondition(f"pool {agent.pool} is gone")
         ws = task.spec.workspace.path
+        key = await self._facts_key(task, agent.image)  # a room of the agent's pool runs its image
+        agent_read: bytes | GradeResult | None = None
+        if key in self._facts:
+            # What the probe finds is known: the agent's workspace is read before a room is held
+            # (a workspace slow to read must not keep a room from other grades meanwhile).
+            agent_read = await self._agent_workspace(agent, ws, excluded_paths(task, self._facts[key]))
+            if isinstance(agent_read, GradeResult):
+                return agent_read
         prepared = rooms() if rooms is not None else None
         with tracing.span("grade.room", **{"rlsandbox.prefetched": prepared is not None}):
             room = prepared or await pool.acquire(self.acquire_timeout, warm=True)
@@ -164,22 +172,22 @@ class Grader:
                     await self.prepare(room, task, reset_git=False)
             # Before anything of the agent's is read: the Python environments inside the
             # workspace are the image's (the runner and its dependencies), read from no one.
-            facts = await self._probe(room, task)
+            facts = await self._probe(room, task, key)
             excluded = excluded_paths(task, facts)
-            agent_archive, base_archive = await asyncio.gather(
-                self._agent_archive(agent, ws, excluded),
-                self._base_archive(room, ws, excluded),
-                return_exceptions=True,
-            )
-            if isinstance(agent_archive, FileTooLarge):
-                return episodes_mess(f"the workspace {ws} is over the grading limit of {self.max_workspace_bytes >> 20} MiB")
-            if isinstance(agent_archive, ReadTimedOut):
-                return episodes_mess(f"the workspace is too slow to read: {agent_archive.message}")
-            if isinstance(agent_archive, ArchiveCutShort):
-                return episodes_mess(f"the workspace cannot be read whole: {agent_archive.message}")
-            for read in (agent_archive, base_archive):
+            if agent_read is None:
+                read, base_archive = await asyncio.gather(
+                    self._agent_workspace(agent, ws, excluded), self._base_archive(room, ws, excluded), return_exceptions=True
+                )
+                if isinstance(read, GradeResult):
+                    return read
                 if isinstance(read, BaseException):
                     raise read
+                if isinstance(base_archive, BaseException):
+                    raise base_archive
+                agent_read = read
+            else:
+                base_archive = await self._base_archive(room, ws, excluded)
+            agent_archive = agent_read
             assert isinstance(agent_archive, bytes) and isinstance(base_archive, bytes)
             try:
                 # Parsing, diffing, scanning and packing workspaces is CPU work: off the event loop.
@@ -225,11 +233,20 @@ class Grader:
         finally:
             pool.release(room, "clean room done", reuse=True)
 
-    async def _agent_archive(self, agent: Sandbox, ws: str, excluded: list[str]) -> bytes:
-        with tracing.span("grade.agent_archive", **{"rlsandbox.container": agent.container_id}):
-            return await self.workspaces.read(
-                agent, ws, self.max_workspace_bytes, fresh=False, timeout=self.agent_read_timeout, exclude=excluded
-            )
+    async def _agent_workspace(self, agent: Sandbox, ws: str, excluded: list[str]) -> bytes | GradeResult:
+        """The agent's workspace as an archive, or the grade of a workspace that cannot be read
+        (the episode's doing: its minimum)."""
+        try:
+            with tracing.span("grade.agent_archive", **{"rlsandbox.container": agent.container_id}):
+                return await self.workspaces.read(
+                    agent, ws, self.max_workspace_bytes, fresh=False, timeout=self.agent_read_timeout, exclude=excluded
+                )
+        except FileTooLarge:
+            return episodes_mess(f"the workspace {ws} is over the grading limit of {self.max_workspace_bytes >> 20} MiB")
+        except ReadTimedOut as e:
+            return episodes_mess(f"the workspace is too slow to read: {e.message}")
+        except ArchiveCutShort as e:
+            return episodes_mess(f"the workspace cannot be read whole: {e.message}")
 
     async def _base_archive(self, room: Sandbox, ws: str, excluded: list[str]) -> bytes:
         try:
@@ -240,26 +257,19 @@ class Grader:
                 f"the task's own workspace is over the grading limit of {MAX_SNAPSHOT_BYTES >> 20} MiB"
             ) from None
 
-    async def _probe(self, room: Sandbox, task: Task) -> ImportFacts | None:
-        """What the clean room's interpreters resolve outside the workspace, before any agent file is there.
-
-        The answer depends on the image, the workspace put in it (the environments found there),
-        the setup commands and the environment only: it is cached.
-        """
+    async def _facts_key(self, task: Task, image: str) -> tuple[object, ...]:
+        """What the probe's answer depends on: the image, the workspace put in it (the
+        environments found there), the setup commands, the environment and the command."""
         ev, ws = task.spec.evaluation, task.spec.workspace
         tar = task.workspace_tar  # bytes keep their hash once computed (prepare may have)
         digest = hash(tar) if len(tar) < 1 << 20 else await asyncio.to_thread(hash, tar)
-        key = (
-            room.image,
-            tuple(task.spec.setup),
-            tuple(sorted(ev.env.items())),
-            ev.test_command,
-            ws.path,
-            tuple(ws.exclude),
-            ws.patch,
-            len(tar),
-            digest,
-        )
+        env = tuple(sorted(ev.env.items()))
+        return (image, tuple(task.spec.setup), env, ev.test_command, ws.path, tuple(ws.exclude), ws.patch, len(tar), digest)
+
+    async def _probe(self, room: Sandbox, task: Task, key: tuple[object, ...]) -> ImportFacts | None:
+        """What the clean room's interpreters resolve outside the workspace, before any agent file
+        is there; cached by ``key`` (``_facts_key``)."""
+        ev, ws = task.spec.evaluation, task.spec.workspace
         if key in self._facts:
             return self._facts[key]
         facts: ImportFacts | None = None
