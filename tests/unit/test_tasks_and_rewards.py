@@ -226,7 +226,7 @@ def test_swesmith_records_start_from_their_bug_and_are_fixed_by_its_reverse() ->
     assert ev.pass_to_pass == ["tests/test_formatting.py::test_basic_functionality", "tests/test_basic.py::test_repr"]
     assert ev.test_files == ["tests/test_formatting.py", "tests/test_basic.py", "tests/**"]
     assert spec.metadata["variant"] == "swesmith" and spec.metadata["image_name"] == SMITH["image_name"]
-    assert from_swebench(SMITH, image="field").image == SMITH["image_name"]
+    assert from_swebench(SMITH, image="field").image == "jyangballin/swesmith.x86_64.pallets_1776_click.fde47b4b:latest"
     # The same record read as SWE-bench's layout says what it lacks.
     with pytest.raises(TaskError, match="missing test_patch"):
         from_swebench(SMITH, pool="p", variant="swebench")
@@ -338,7 +338,7 @@ def test_swebench_import_from_a_local_clone_with_env(tmp_path: Path) -> None:
     assert code == 0
     task = load_tasks(out)[0]
     assert task.spec.workspace.source == "bundle" and task.spec.evaluation.env == {"PYTHONPATH": "src"}
-    assert task.spec.env == {}  # the pool's image: its own PATH
+    assert task.spec.env == {"PYTHONPATH": "src"}  # the episode runs the tests too: the same environment
     assert task.spec.evaluation.test_command == "python3 -m pytest astropy/modeling/tests/test_separable.py"
     with tarfile.open(fileobj=io.BytesIO(task.workspace_tar)) as tar:
         assert tar.extractfile("src/pkg/__init__.py").read() == b"X = 1\n"  # type: ignore[union-attr]

@@ -60,24 +60,76 @@ async def _schema(args: argparse.Namespace) -> int:
     return 0
 
 
+DATASET_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def read_records(src: Path) -> list[dict[str, Any]]:
+    """The records of a dataset file as published (JSONL, a JSON list or object, Parquet) or of a
+    folder of such files (in name order). Raises InvalidArgument saying which file and line."""
+    if src.is_dir():
+        files = sorted(p for p in src.iterdir() if p.is_file() and p.name.endswith(DATASET_SUFFIXES))
+        if not files:
+            raise InvalidArgument(f"{src}: a folder without dataset files ({', '.join(DATASET_SUFFIXES)})")
+        return [r for f in files for r in read_records(f)]
+    if not src.is_file():
+        raise InvalidArgument(f"{src}: no such file or folder")
+    if src.suffix == ".parquet":
+        return _parquet_records(src)
+    try:
+        text = src.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InvalidArgument(f"{src}: not UTF-8 text: give JSON, JSONL or a .parquet file") from None
+    if src.suffix == ".json":
+        try:
+            doc = json.loads(text)
+        except ValueError as e:
+            raise InvalidArgument(f"{src}: not JSON: {e}") from None
+        docs = doc if isinstance(doc, list) else [doc]
+    else:
+        docs = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    docs.append(json.loads(line))
+                except ValueError as e:
+                    raise InvalidArgument(f"{src}:{n}: not a JSON line: {e}") from None
+    if not all(isinstance(d, dict) for d in docs):
+        raise InvalidArgument(f"{src}: every record must be a JSON object")
+    return docs
+
+
+def _parquet_records(src: Path) -> list[dict[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise InvalidArgument(
+            f"{src}: reading Parquet needs pyarrow: pip install 'rlsandbox-daemon[datasets]' (or pyarrow)"
+        ) from None
+    try:
+        rows: list[dict[str, Any]] = pq.read_table(src).to_pylist()
+    except Exception as e:  # pyarrow's own errors (ArrowInvalid, OSError) for a damaged or foreign file
+        raise InvalidArgument(f"{src}: not a readable Parquet file: {e}") from None
+    return rows
+
+
 async def _import_swebench(args: argparse.Namespace) -> int:
     from rlsandbox.daemon.grading.importers import from_swebench, record_variant
 
-    src = Path(args.path)
-    lines = src.read_text(encoding="utf-8")
-    try:
-        docs = json.loads(lines) if src.suffix == ".json" else [json.loads(ln) for ln in lines.splitlines() if ln.strip()]
-    except ValueError as e:
-        raise InvalidArgument(f"{src}: not JSON or JSONL: {e}") from None
-    if isinstance(docs, dict):
-        docs = [docs]
+    docs = read_records(Path(args.path))
     env = dict(_key_value(kv) for kv in args.env or [])
     if args.repo and args.out in (None, "-"):
         raise InvalidArgument("--repo writes a workspace tarball per instance beside --out: give --out FILE.jsonl")
-    out = sys.stdout if args.out in (None, "-") else open(args.out, "w", encoding="utf-8")  # noqa: SIM115 - stdout is not ours to close
+    if args.repo and not Path(args.repo, ".git").exists() and not Path(args.repo, "HEAD").is_file():
+        raise InvalidArgument(f"--repo {args.repo}: not a git clone (no .git)")
+    # With --repo the workspace is copied in, into the pool's image's usual place; else it is the
+    # image's own repository, at SWE-bench's place.
+    workspace = args.workspace or ("/workspace" if args.repo else "/testbed")
+    out_path = Path(args.out).resolve() if args.out not in (None, "-") else None
+    written: list[Path] = []  # what this run wrote: removed again if it fails
+    lines: list[str] = []
     try:
         for doc in docs:
-            tar = _archive_base_commit(args.repo, doc, Path(args.out)) if args.repo else None
+            tar = _archive_base_commit(args.repo, doc, out_path, written) if args.repo and out_path else None
             try:
                 r2egym = args.variant == "r2e-gym" or (args.variant == "auto" and record_variant(doc) == "r2e-gym")
                 tests = await _r2egym_image_tests(doc, args) if args.tests_from_image and r2egym else None
@@ -85,8 +137,8 @@ async def _import_swebench(args: argparse.Namespace) -> int:
                     doc,
                     pool=args.pool or "",
                     image=args.image or "",
-                    workspace_path=args.workspace,
-                    **({"test_command": args.test_command} if args.test_command else {}),  # else the importer's default
+                    workspace_path=workspace,
+                    test_command=args.test_command,
                     env=env,
                     workspace_tar=tar,
                     variant=args.variant,
@@ -95,10 +147,20 @@ async def _import_swebench(args: argparse.Namespace) -> int:
                 )
             except ValueError as e:  # TaskError, or the task format's own check (a report format, say)
                 raise InvalidArgument(str(e)) from None
-            out.write(spec.model_dump_json(exclude_none=True) + "\n")
-    finally:
-        if out is not sys.stdout:
-            out.close()
+            lines.append(spec.model_dump_json(exclude_none=True) + "\n")
+        if out_path is None:
+            sys.stdout.writelines(lines)
+        else:
+            partial = out_path.with_name(out_path.name + ".partial")
+            partial.write_text("".join(lines), encoding="utf-8")
+            partial.replace(out_path)
+    except BaseException:
+        for path in reversed(written):  # tarballs, then the folder this run made for them
+            if not path.is_dir():
+                path.unlink(missing_ok=True)
+            elif not any(path.iterdir()):
+                path.rmdir()
+        raise
     print(f"{len(docs)} task(s) imported", file=sys.stderr)
     return 0
 
@@ -224,15 +286,19 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _archive_base_commit(repo: str, doc: dict[str, object], out: Path) -> str:
-    """The tree of the instance's base_commit in the local clone ``repo``, as a tarball beside ``out``
-    (``git archive``: the files at that commit, no history). Returns its path relative to ``out``."""
+def _archive_base_commit(repo: str, doc: dict[str, object], out: Path, written: list[Path]) -> str:
+    """The tree of the instance's base_commit in the local clone ``repo``, as a tarball beside
+    ``out`` (``git archive``: the files at that commit, no history), added to ``written``.
+    Returns its path relative to ``out``'s folder."""
     iid, commit = str(doc.get("instance_id") or ""), str(doc.get("base_commit") or "")
     if not iid or not commit:
         raise InvalidArgument(f"{iid or 'an instance'}: --repo needs instance_id and base_commit")
     folder = out.parent / (out.stem + ".workspaces")
-    folder.mkdir(parents=True, exist_ok=True)
+    if not folder.exists():
+        folder.mkdir(parents=True)
+        written.append(folder)
     target = folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', iid)}.tar"
+    written.append(target)
     done = subprocess.run(["git", "-C", repo, "archive", "--format=tar", "-o", str(target), commit], capture_output=True)
     if done.returncode != 0:
         raise InvalidArgument(f"{iid}: git archive of {commit} in {repo} failed: {done.stderr.decode(errors='replace').strip()}")
@@ -257,10 +323,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     sc.add_argument("--out", help="write it to this file instead")
     sc.set_defaults(handler=_schema)
 
-    sw = tasks_sub.add_parser("import-swebench", help="convert SWE-bench instances (JSON or JSONL) to tasks (JSONL)")
-    sw.add_argument("path")
+    sw = tasks_sub.add_parser(
+        "import-swebench",
+        help="convert dataset records (SWE-bench and its family, Multi-SWE-bench; JSONL, JSON or Parquet) to tasks (JSONL)",
+    )
+    sw.add_argument("path", help="a dataset file (.jsonl, .json, .parquet) or a folder of them")
     where = sw.add_mutually_exclusive_group(required=True)
-    where.add_argument("--pool", help="the pool whose image holds the repository at its base commit")
+    where.add_argument(
+        "--pool",
+        help="the pool the tasks run in: whose image holds the repository at its base commit, or, with --repo, "
+        "the environment it needs (python for a pure-Python project whose tests need only pytest)",
+    )
     where.add_argument(
         "--image",
         help="each instance's own image (a pool made on demand): a template with {instance_id}, {docker_id} "
@@ -270,11 +343,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     sw.add_argument(
         "--variant",
-        choices=("auto", "swebench", "swesmith", "r2e-gym"),
+        choices=("auto", "swebench", "swesmith", "r2e-gym", "multi-swe-bench"),
         default="auto",
         help="the records' layout: swebench (test_patch and the fix: SWE-bench, SWE-Gym, SWE-bench-extra, R2E-Gym's "
         "SWE-bench-style sets), swesmith (the bug patch, tests in the repository), r2e-gym (R2E-Gym's own: "
-        "expected_output_json, tests in the image); auto tells them apart by their fields",
+        "expected_output_json, tests in the image), multi-swe-bench (fix_patch, base.sha, f2p_tests: give "
+        "--test-command); auto tells them apart by their fields",
     )
     sw.add_argument(
         "--tests-from-image",
@@ -282,20 +356,28 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="r2e-gym: read each record's hidden tests from its local image's /r2e_tests (instead of the record's "
         "execution_result_content)",
     )
-    sw.add_argument("--workspace", default="/testbed", help="where the repository is in the sandbox (default /testbed)")
+    sw.add_argument(
+        "--workspace",
+        default=None,
+        help="where the repository is in the sandbox (default /testbed, the datasets' images' place; with --repo "
+        "/workspace, the place of the pools' images)",
+    )
     sw.add_argument("--repo", help="a local clone: each workspace is its base_commit's tree, copied in")
-    sw.add_argument("--env", action="append", metavar="KEY=VALUE", help="test command environment (PYTHONPATH=src); repeat")
+    sw.add_argument(
+        "--env", action="append", metavar="KEY=VALUE", help="environment of the tests and the episode (PYTHONPATH=src); repeat"
+    )
     sw.add_argument(
         "--test-command",
         default=None,
         help="the test command; {test_files} is replaced by the patch's test files, {test_modules} by their dotted "
-        "modules under tests/ (default: python -m pytest -rA -p no:cacheprovider {test_files}; Django's instances: "
-        "its ./tests/runtests.py, read as unittest)",
+        "modules under tests/ (default: the record's harness: python -m pytest -rA -p no:cacheprovider {test_files}; "
+        "Django's ./tests/runtests.py, read as unittest; the eval_script's command for Go and TAP records)",
     )
     sw.add_argument(
         "--report-format",
-        default="pytest",
-        help="how the test command's report is read (docs/GRADING.md, 'Reports and test ids'): pytest, go, tap, ...",
+        default=None,
+        help="how the test command's report is read (docs/GRADING.md, 'Reports and test ids'): pytest, gotest, tap, "
+        "junit, ... (default: the record's log_parser's)",
     )
     sw.add_argument("--out", help="output JSONL file (default: standard output)")
     sw.set_defaults(handler=_import_swebench)

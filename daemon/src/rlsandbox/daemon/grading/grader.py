@@ -48,6 +48,7 @@ from rlsandbox.daemon.grading.rewards import (
     compute_reward,
     episodes_mess,
     grade_tests,
+    id_match_note,
     parse_command_reward,
     parse_reward_file,
 )
@@ -489,6 +490,8 @@ class Grader:
             else:
                 problems.append("the unittest guard did not load: the test command runs no Python of this image")
         tests = grade_tests(ev, report)
+        if note := id_match_note(tests):
+            problems.append(note)
         result = GradeResult(
             GradeStatus.TIMEOUT if run.timed_out else GradeStatus.OK,
             None,
@@ -509,7 +512,7 @@ class Grader:
                 f"the report shows no failure but the test command exited with {run.exit_code}: "
                 "report not trusted, every listed test counts as failed"
             )
-            tests = [t if t.group is TestGroup.OTHER else GradedTest(t.id, MISSING, t.group) for t in tests]
+            tests = [t if t.group is TestGroup.OTHER else GradedTest(t.id, MISSING, t.group, t.matched) for t in tests]
             result.tests = tests
         if ev.reward.policy == "command":
             assert ev.reward.command is not None

@@ -66,7 +66,7 @@ def folder_globs_of_tests(test_files: list[str]) -> list[str]:
     return [f"{f}/**" for f in named if not any(f.startswith(g + "/") for g in named)]
 
 
-VARIANTS = ("auto", "swebench", "swesmith", "r2e-gym")
+VARIANTS = ("auto", "swebench", "swesmith", "r2e-gym", "multi-swe-bench")
 # The test environment in SWE-bench's, SWE-Gym's and SWE-smith's images is the conda env
 # `testbed`, which their eval scripts activate in bash (their images put the activation in
 # /root/.bashrc only). A task's test command runs under sh: the env goes first on its PATH, or
@@ -87,6 +87,8 @@ def record_variant(instance: Mapping[str, Any]) -> str:
     SWE-bench-style sets carry a test patch and a fix; SWE-smith's carry neither: its tests are in
     the repository and its ``patch`` puts the bug in (the fix is its reverse). R2E-Gym's own
     records (``expected_output_json``, tests in the image) are ``r2e-gym`` (:func:`from_r2egym`)."""
+    if instance.get("fix_patch") and "base" in instance:
+        return "multi-swe-bench"
     if instance.get("test_patch"):
         return "swebench"
     if "expected_output_json" in instance and not instance.get("FAIL_TO_PASS"):
@@ -101,11 +103,100 @@ SWEBENCH_TEST_COMMAND = "python -m pytest -rA -p no:cacheprovider {test_files}"
 # process (the unittest guard takes the first Python process for the runner).
 DJANGO_TEST_COMMAND = "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 {test_modules}"
 
+# SWE-bench's log parsers (a record's ``log_parser``) that read ``pytest -rA`` lines as
+# parse_log_pytest does: the test id is the first word after the status, so a listed id is cut at
+# its first space (EvaluationSpec.id_match "first-word").
+SWEBENCH_PYTEST_PARSERS = frozenset(
+    {
+        "parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2", "parse_log_seaborn",
+        "parse_log_matplotlib", "parse_log_astroid", "parse_log_flask", "parse_log_marshmallow", "parse_log_pvlib",
+        "parse_log_pyvista", "parse_log_sqlfluff", "parse_log_xarray", "parse_log_pydicom", "parse_log_requests",
+        "parse_log_pylint", "parse_log_astropy", "parse_log_scikit", "parse_log_sphinx",
+    }
+)  # fmt: skip
+# Log parsers whose output rlsandbox reads with a format of its own, running the record's own test
+# command (its eval_script's): the report format, and how the record's ids name the report's tests.
+SWEBENCH_OWN_COMMAND_PARSERS = {
+    "parse_log_gotest": ("gotest", "exact"),  # go test -v: bare test names, as the record lists them
+    "parse_log_tap": ("tap", "exact"),  # mocha/node TAP: the test's full title
+}
+MULTI_SWE_BENCH = "multi-swe-bench"  # the log_parser of a record of Multi-SWE-bench's layout
+_EVAL_START, _EVAL_END = ": '>>>>> Start Test Output'", ": '>>>>> End Test Output'"
+_PIPED_TO_CAT = re.compile(r"^\((.*)\)\s*\|\s*cat$", re.DOTALL)
+
+
+def eval_script_command(instance: Mapping[str, Any]) -> str:
+    """The test command of a record's ``eval_script`` (the lines SWE-bench's harness runs between
+    its start and end markers), without the ``( ... ) | cat`` around it, which would hide its exit
+    code from the grader's check; "" when the record has no such script."""
+    script = str(instance.get("eval_script") or "")
+    start, end = script.find(_EVAL_START), script.find(_EVAL_END)
+    if start < 0 or end < start:
+        return ""
+    command = script[start + len(_EVAL_START) : end].strip()
+    if m := _PIPED_TO_CAT.match(command):
+        command = m.group(1).strip()
+    return command
+
+
+@dataclass(frozen=True, slots=True)
+class Harness:
+    """How a record's tests run and are read: a test command (None: the record has none that
+    rlsandbox reads), its report format, and how the record's ids name the report's tests."""
+
+    test_command: str | None
+    report_format: str
+    id_match: str
+
+
+def record_harness(instance: Mapping[str, Any]) -> Harness:
+    """The harness a record's dataset grades it with, as rlsandbox runs it. Django's instances
+    run its runner (read as unittest); SymPy's list bare function names (parse_log_sympy), found
+    in pytest's report by name; the pytest family runs pytest on the patch's test files, ids cut
+    at the first space; Go's and TAP's run the record's own command. Records without a
+    ``log_parser`` (the older layout) are pytest's, as SWE-bench's harness defaults."""
+    parser = str(instance.get("log_parser") or "")
+    if instance.get("repo") == "django/django" or parser == "parse_log_django":
+        return Harness(DJANGO_TEST_COMMAND, "unittest", "exact")
+    if instance.get("repo") == "sympy/sympy" or parser == "parse_log_sympy":
+        return Harness(SWEBENCH_TEST_COMMAND, "pytest", "name")
+    if not parser or parser in SWEBENCH_PYTEST_PARSERS:
+        return Harness(SWEBENCH_TEST_COMMAND, "pytest", "first-word")
+    if parser in SWEBENCH_OWN_COMMAND_PARSERS:
+        fmt, match = SWEBENCH_OWN_COMMAND_PARSERS[parser]
+        return Harness(eval_script_command(instance) or None, fmt, match)
+    if parser == MULTI_SWE_BENCH:  # test classes, read from the JUnit XML the caller's command writes
+        return Harness(None, "junit", "class")
+    return Harness(None, "pytest", "exact")
+
 
 def test_modules(test_files: list[str], root: str = "tests/") -> list[str]:
     """The dotted modules of the test files under ``root`` (Django's runtests.py takes
     ``admin_views.tests`` for tests/admin_views/tests.py)."""
     return [f[len(root) : -len(".py")].replace("/", ".") for f in test_files if f.startswith(root) and f.endswith(".py")]
+
+
+def _harness(instance: Mapping[str, Any], iid: str, test_command: str | None, report_format: str | None) -> Harness:
+    """The record's harness with the caller's command and format over it."""
+    own = record_harness(instance)
+    if test_command is None and report_format not in (None, own.report_format) and own.test_command == DJANGO_TEST_COMMAND:
+        own = Harness(SWEBENCH_TEST_COMMAND, own.report_format, own.id_match)  # another format than Django's: pytest
+    command = test_command or own.test_command
+    parser = instance.get("log_parser")
+    if command is None and parser == MULTI_SWE_BENCH:
+        raise TaskError(
+            f"{iid}: a Multi-SWE-bench record carries no test command (its harness keeps one per repository): give "
+            "--test-command, writing a JUnit XML report to {report} (its test names are JUnit classes)"
+        )
+    if command is None:
+        readable = sorted({"parse_log_django", "parse_log_sympy", *SWEBENCH_PYTEST_PARSERS, *SWEBENCH_OWN_COMMAND_PARSERS})
+        raise TaskError(
+            f"{iid}: its tests are read by SWE-bench's {parser}, which rlsandbox has no reader for yet (it reads "
+            f"{', '.join(readable)}): give --test-command and --report-format (junit for a Maven or Gradle report, "
+            "say), or leave the record out"
+        )
+    fmt = report_format or (own.report_format if test_command is None or parser else "pytest")
+    return Harness(command, fmt, own.id_match)
 
 
 def from_swebench(
@@ -114,56 +205,64 @@ def from_swebench(
     pool: str = "",
     image: str = "",
     workspace_path: str = "/testbed",
-    test_command: str = SWEBENCH_TEST_COMMAND,
+    test_command: str | None = None,
     env: Mapping[str, str] | None = None,
     workspace_tar: str | None = None,
     variant: str = "auto",
-    report_format: str = "pytest",
+    report_format: str | None = None,
     tests: Mapping[str, str] | None = None,
 ) -> TaskSpec:
     """A task from a SWE-bench-style instance (instance_id, repo, base_commit, patch, test_patch,
     FAIL_TO_PASS / PASS_TO_PASS as lists or JSON strings). The repository is expected in the pool's
     image at ``workspace_path``, checked out at ``base_commit``; or, with ``workspace_tar`` (a
-    tarball path relative to the task file), it is copied in. ``env`` is the test command's
-    environment (``PYTHONPATH=...``). The protected test set is the patch's test files and the
-    test folders that hold them.
+    tarball path relative to the task file), it is copied in. ``env`` is the environment of the
+    test command and of the episode's commands alike (``PYTHONPATH=...``). The protected test set
+    is the patch's test files and the test folders that hold them.
 
     ``image`` instead of ``pool``: each instance runs in its own image (a pool made on demand, see
     :func:`instance_image` for the template).
 
     ``variant``: ``auto`` tells the layouts apart by their fields (:func:`record_variant`);
     ``r2e-gym`` records go to :func:`from_r2egym` (with ``tests``, the image's test files, or
-    else the record's own);
+    else the record's own); ``multi-swe-bench`` records (Multi-SWE-bench's own layout) are read
+    by :func:`multiswebench_record` first;
     ``swesmith`` records become tasks whose workspace starts with the record's bug patch applied
     (``workspace.patch``), whose tests are the repository's own files that hold FAIL_TO_PASS (run
     and restored before grading, as SWE-smith runs them), and whose gold patch is the bug's reverse.
 
-    Django's instances (repo ``django/django``) with the default command and format run
-    :data:`DJANGO_TEST_COMMAND`, read as ``unittest``. ``{test_modules}`` in a command is replaced
-    by the dotted modules of the patch's test files under ``tests/``."""
+    The test command, its report format and how the record's ids are matched follow the
+    record's harness (:func:`record_harness`: its ``log_parser``, its ``eval_script``); a
+    ``test_command`` or ``report_format`` given here wins. ``{test_modules}`` in a command is
+    replaced by the dotted modules of the patch's test files under ``tests/``."""
     if variant not in VARIANTS:
         raise TaskError(f"unknown record variant {variant!r}; use one of {', '.join(VARIANTS)}")
     kind = record_variant(instance) if variant == "auto" else variant
+    if kind == "multi-swe-bench":
+        instance = multiswebench_record(instance)
+        kind = "swebench"
     if kind == "r2e-gym":
         if workspace_tar:
             raise TaskError(f"{r2egym_instance_id(instance)}: an R2E-Gym task runs in its own image (its virtualenv is there)")
         return from_r2egym(
             instance, tests, pool=pool, image=image or ("field" if not pool else ""), workspace_path=workspace_path,
-            test_command=test_command, env=env,
+            test_command=test_command or "", env=env,
         )  # fmt: skip
     iid = str(instance.get("instance_id") or "")
     if not iid:
         raise TaskError("SWE-bench instance without instance_id")
     if kind == "swesmith":
-        return _from_swesmith(instance, iid, pool, image, workspace_path, test_command, env, workspace_tar, report_format)
+        return _from_swesmith(
+            instance, iid, pool, image, workspace_path, test_command or SWEBENCH_TEST_COMMAND, env, workspace_tar,
+            report_format or "pytest",
+        )  # fmt: skip
     for key in ("test_patch", "FAIL_TO_PASS"):
         if not instance.get(key):
             raise TaskError(f"{iid}: missing {key}")
     test_patch = str(instance["test_patch"])
     test_files = patch_files(test_patch)
-    if instance.get("repo") == "django/django" and test_command == SWEBENCH_TEST_COMMAND and report_format == "pytest":
-        test_command, report_format = DJANGO_TEST_COMMAND, "unittest"
-    test_command = test_command.replace("{test_modules}", " ".join(shlex.quote(m) for m in test_modules(test_files)))
+    harness = _harness(instance, iid, test_command, report_format)
+    assert harness.test_command is not None
+    command = harness.test_command.replace("{test_modules}", " ".join(shlex.quote(m) for m in test_modules(test_files)))
     workspace = (
         WorkspaceSpec(path=workspace_path, source="bundle", tar=workspace_tar, git="reset")
         if workspace_tar
@@ -175,11 +274,12 @@ def from_swebench(
         pool=pool,
         image=instance_image(instance, image) if image else "",
         problem_statement=str(instance.get("problem_statement", "")),
-        env={"PATH": test_env["PATH"]} if not workspace_tar else {},  # the episode's commands: the same
+        env=test_env,  # the episode's commands: the same environment as the tests' (an agent runs them too)
         workspace=workspace,
         evaluation=EvaluationSpec(
-            test_command=test_command.replace("{test_files}", " ".join(shlex.quote(f) for f in test_files)),
-            report_format=report_format,
+            test_command=command.replace("{test_files}", " ".join(shlex.quote(f) for f in test_files)),
+            report_format=harness.report_format,
+            id_match=harness.id_match,  # type: ignore[arg-type]  # one of ID_MATCHES, checked by the model
             env=test_env,
             test_patch=test_patch,
             test_files=[*test_files, *folder_globs_of_tests(test_files)],
@@ -187,8 +287,62 @@ def from_swebench(
             pass_to_pass=_id_list(instance.get("PASS_TO_PASS"), "PASS_TO_PASS", iid),
         ),
         gold_patch=str(instance["patch"]) if instance.get("patch") else None,
-        metadata={k: instance[k] for k in ("repo", "base_commit", "version", "created_at") if k in instance},
+        metadata={k: instance[k] for k in ("repo", "base_commit", "version", "created_at", "log_parser") if k in instance},
     )
+
+
+# -- Multi-SWE-bench's own layout -------------------------------------------------------------------
+def _loose_value(value: Any) -> Any:
+    """A field Multi-SWE-bench writes as an object, JSON, or a Python literal in a string."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        pass
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return value
+
+
+def multiswebench_record(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A Multi-SWE-bench record (``org``, ``repo``, ``number``, ``base.sha``, ``fix_patch``,
+    ``test_patch``, ``f2p_tests``/``s2p_tests``/``n2p_tests``/``p2p_tests`` as maps from test name
+    to outcomes) in SWE-bench's field names. Every test its harness requires to pass after the fix
+    and not before (failed, skipped or absent before) is FAIL_TO_PASS; ``p2p_tests`` PASS_TO_PASS.
+    Its test names are its harness's (Maven's test classes, for one). It carries no test command:
+    its harness keeps one per repository."""
+    org, repo = str(record.get("org") or ""), str(record.get("repo") or "")
+    iid = str(record.get("instance_id") or (f"{org}__{repo}-{record.get('number')}" if org and repo else ""))
+    if not iid:
+        raise TaskError("Multi-SWE-bench record without instance_id (or org, repo and number)")
+    base = _loose_value(record.get("base"))
+    sha = str(base.get("sha") or "") if isinstance(base, dict) else ""
+    if not sha or not record.get("fix_patch") or not record.get("test_patch"):
+        raise TaskError(f"{iid}: a Multi-SWE-bench record needs base.sha, fix_patch and test_patch")
+    tests: dict[str, list[str]] = {}
+    for field_name in ("f2p_tests", "s2p_tests", "n2p_tests", "p2p_tests"):
+        value = _loose_value(record.get(field_name)) or {}
+        if not isinstance(value, dict):
+            raise TaskError(f"{iid}: {field_name} must map test names to outcomes")
+        tests[field_name] = sorted(str(k) for k in value)
+    issues = _loose_value(record.get("resolved_issues")) or []
+    statement = (
+        "\n\n".join(f"{i.get('title', '')}\n\n{i.get('body') or ''}".strip() for i in issues if isinstance(i, dict))
+        or f"{record.get('title', '')}\n\n{record.get('body') or ''}".strip()
+    )
+    return {
+        "instance_id": iid,
+        "repo": f"{org}/{repo}",
+        "base_commit": sha,
+        "patch": str(record["fix_patch"]),
+        "test_patch": str(record["test_patch"]),
+        "FAIL_TO_PASS": tests["f2p_tests"] + tests["s2p_tests"] + tests["n2p_tests"],
+        "PASS_TO_PASS": tests["p2p_tests"],
+        "problem_statement": statement,
+        "log_parser": MULTI_SWE_BENCH,  # no command of its own: the caller gives one
+    }
 
 
 # Test files by the conventions of the languages SWE-smith covers (Python, Go, JavaScript and
@@ -206,6 +360,11 @@ TEST_FILE_GLOBS = (
     "**/*Test.java",
     "**/*Tests.java",
 )
+
+
+# SWE-smith publishes each image_name (``swesmith.x86_64.<owner>__<repo>.<commit>``) on Docker Hub
+# under its user, with ``__`` written ``_1776_``.
+SWESMITH_PUBLISHED_IMAGE = "jyangballin/{image_docker_id}:latest"
 
 
 def _from_swesmith(
@@ -246,6 +405,8 @@ def _from_swesmith(
     except PatchError:
         gold = None  # a binary bug: validation says the task has no gold patch
     source: Literal["bundle", "image"] = "bundle" if workspace_tar else "image"
+    if image == "field" and "/" not in str(instance.get("image_name") or "/"):
+        image = SWESMITH_PUBLISHED_IMAGE  # its image_name has no registry part: the name it is published under
     test_env = evaluation_env(env, image_workspace=not workspace_tar)
     return TaskSpec(
         id=iid,

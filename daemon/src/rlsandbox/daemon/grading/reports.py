@@ -18,6 +18,8 @@ Formats (``REPORT_FORMATS``):
 - ``jest`` (alias ``vitest``): Jest's ``--json`` (Vitest's json reporter writes the same shape); ids
   are ``file > ancestors > title`` with the file relative to ``root``.
 - ``go``: ``go test -json``; ids are ``package/TestName[/subtest]``.
+- ``gotest``: the text of ``go test -v`` (``--- PASS: TestName (0.00s)`` lines), as SWE-bench
+  Multilingual's harness reads it; ids are ``TestName[/subtest]`` (no package).
 - ``exit-code``: one pseudo-test ``exit_code`` that passed when the command exited 0.
 """
 
@@ -386,6 +388,38 @@ def parse_go(data: bytes, exit_code: int | None = None) -> TestReport:
     return b.build()
 
 
+# -- go test -v (text) ----------------------------------------------------------------------------
+_GOV_RUN = re.compile(r"^\s*=== RUN\s+(\S+)")
+_GOV_RESULT = re.compile(r"^\s*--- (PASS|FAIL|SKIP): (\S+) \([\d.]+\s*s?\)")
+_GOV_END = re.compile(r"^(?:(?:ok|FAIL)\s+\S+|PASS|FAIL)\b")
+_GOV_MAP = {"PASS": Outcome.PASSED, "FAIL": Outcome.FAILED, "SKIP": Outcome.SKIPPED}
+
+
+def parse_gotest(data: bytes, exit_code: int | None = None) -> TestReport:
+    """``go test -v``'s text. A test with the same name in two packages keeps its worst outcome;
+    one that started (``=== RUN``) and never reported is an error."""
+    b = _Builder("gotest", complete=False)
+    running: set[str] = set()
+    for raw in _text(data).splitlines():
+        if m := _GOV_RUN.match(raw):
+            running.add(m.group(1))
+        elif m := _GOV_RESULT.match(raw):
+            running.discard(m.group(2))
+            b.add(m.group(2), _GOV_MAP[m.group(1)])
+        elif m := _GO_BUILD_FAILED.match(raw):
+            b.add(m.group(1), Outcome.ERROR, m.group(2))
+        elif _GOV_END.match(raw):
+            b.complete = True
+    for name in sorted(running):
+        b.add(name, Outcome.ERROR, "started but never finished")
+    if running:
+        b.complete = False
+        b.problems.append(f"{len(running)} test(s) started and never finished")
+    elif not b.complete:
+        b.problems.append("no final ok/FAIL/PASS line from go test: the run was cut short or the output truncated")
+    return b.build()
+
+
 # -- exit code ------------------------------------------------------------------------------------
 def parse_exit_code(data: bytes, exit_code: int | None = None) -> TestReport:
     b = _Builder("exit-code")
@@ -408,10 +442,11 @@ REPORT_FORMATS: dict[str, Parser] = {
     "jest": parse_jest,
     "vitest": parse_jest,
     "go": parse_go,
+    "gotest": parse_gotest,
     "exit-code": parse_exit_code,
 }
 # Formats read from the captured output of the test command (the others from a report file).
-OUTPUT_FORMATS = frozenset({"pytest", "unittest", "tap", "go", "exit-code"})
+OUTPUT_FORMATS = frozenset({"pytest", "unittest", "tap", "go", "gotest", "exit-code"})
 
 
 def parse_report(fmt: str, data: bytes, *, exit_code: int | None = None, root: str = "") -> TestReport:
@@ -454,3 +489,54 @@ def lookup(report: TestReport, ids: Iterable[str]) -> dict[str, TestCase | None]
     for test_id in ids:
         out[test_id] = report.tests.get(test_id) or canon.get(canonical_id(test_id))
     return out
+
+
+# How a dataset names the tests it lists, when that is not the runner's full id. SWE-bench's log
+# parsers for pytest (parse_log_pytest and the per-repository ones built on it) keep the first
+# whitespace-separated word of each result line: a parametrized id with a space in it is listed
+# cut there (``tests/test_x.py::test_make_error[required-Missing``). SymPy's parser lists bare
+# function names (``test_Symbol``); Multi-SWE-bench lists Maven's test classes.
+ID_MATCHES = ("exact", "first-word", "name", "class")
+
+
+def _first_word(test_id: str) -> str:
+    words = test_id.split(None, 1)
+    return words[0] if words else test_id
+
+
+_ID_KEYS: dict[str, Callable[[str], str]] = {
+    "first-word": _first_word,
+    "name": lambda test_id: test_id.rsplit("::", 1)[-1],  # a pytest node id's function (and parameters)
+    "class": lambda test_id: test_id.split("::", 1)[0],  # a JUnit id's class
+}
+
+
+def match_listed(report: TestReport, ids: Iterable[str], how: str = "exact") -> dict[str, tuple[TestCase, ...]]:
+    """The reported tests each listed id stands for. ``exact``: the one test of that id (or
+    ``canonical_id``). ``first-word``: as SWE-bench's harness reads its lists, every reported test
+    whose id cut at the first whitespace is the listed id; ``name``: every test of that function
+    name, in any file (SymPy's lists); ``class``: every test of that JUnit class (Multi-SWE-bench's
+    Maven lists). An id that is itself in the report stands for that test alone. Several tests
+    behind one listed id must all pass (:func:`combined_outcome`): stricter than SWE-bench's
+    harness, where the last line printed wins."""
+    if how not in ID_MATCHES:
+        raise ValueError(f"unknown id match {how!r}; use one of {', '.join(ID_MATCHES)}")
+    exact = lookup(report, ids)
+    out: dict[str, tuple[TestCase, ...]] = {}
+    cut: dict[str, list[TestCase]] = {}
+    if key := _ID_KEYS.get(how):
+        for case in report.tests.values():
+            cut.setdefault(key(case.id), []).append(case)
+    for test_id, found in exact.items():
+        out[test_id] = (found,) if found else tuple(cut.get(test_id, ()))
+    return out
+
+
+def combined_outcome(cases: Iterable[TestCase]) -> Outcome | None:
+    """One outcome for the tests behind one listed id: passed only when every one passed; else the
+    worst of the others (a skip among passes is not a pass). None when there is none."""
+    outcomes = [c.outcome for c in cases]
+    if not outcomes:
+        return None
+    failing = [o for o in outcomes if o is not Outcome.PASSED]
+    return max(failing, key=lambda o: o.rank) if failing else Outcome.PASSED

@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from rlsandbox.daemon.grading.reports import Outcome, TestReport, lookup
+from rlsandbox.daemon.grading.reports import Outcome, TestReport, combined_outcome, match_listed
 from rlsandbox.daemon.grading.task import EvaluationSpec, RewardSpec
 
 LOG_CAP = 64 << 10
@@ -40,6 +40,8 @@ class GradedTest:
     id: str
     outcome: str  # an Outcome value, or "missing" when the report does not have the test
     group: TestGroup
+    # The report's ids this listed id stood for, when not itself (EvaluationSpec.id_match).
+    matched: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -85,17 +87,31 @@ def grade_tests(evaluation: EvaluationSpec, report: TestReport) -> list[GradedTe
     """Every listed test with its outcome (missing ones included), then the report's other tests."""
     f2p = set(evaluation.fail_to_pass)
     listed = evaluation.graded_ids
-    found = lookup(report, listed)
+    found = match_listed(report, listed, evaluation.id_match)
     graded: list[GradedTest] = []
     seen: set[str] = set()
     for test_id in listed:
-        case = found[test_id]
+        cases = found[test_id]
+        outcome = combined_outcome(cases)
         group = TestGroup.FAIL_TO_PASS if test_id in f2p else TestGroup.PASS_TO_PASS
-        graded.append(GradedTest(test_id, case.outcome.value if case else MISSING, group))
-        if case:
-            seen.add(case.id)
+        matched = tuple(c.id for c in cases) if evaluation.id_match != "exact" and [c.id for c in cases] != [test_id] else ()
+        graded.append(GradedTest(test_id, outcome.value if outcome else MISSING, group, matched))
+        seen.update(c.id for c in cases)
     graded.extend(GradedTest(c.id, c.outcome.value, TestGroup.OTHER) for c in report.tests.values() if c.id not in seen)
     return graded
+
+
+def id_match_note(tests: list[GradedTest]) -> str:
+    """What a grade says when listed ids stood for other ids of the report (a dataset's cut ids)."""
+    cut = [t for t in tests if t.matched]
+    if not cut:
+        return ""
+    first = cut[0]
+    return (
+        f"{len(cut)} listed test id(s) matched as the dataset's own harness matches them (cut at the first space), "
+        f"every test behind one must pass: {first.id!r} stood for {len(first.matched)} test(s) ({first.matched[0]!r}"
+        f"{', ...' if len(first.matched) > 1 else ''})"
+    )
 
 
 def compute_reward(policy: RewardSpec, tests: list[GradedTest]) -> float:

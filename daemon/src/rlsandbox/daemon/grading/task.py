@@ -161,6 +161,13 @@ class EvaluationSpec(_Model):
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment of the test command.")
     fail_to_pass: list[str] = Field(default_factory=list, description="Tests the solution must make pass.")
     pass_to_pass: list[str] = Field(default_factory=list, description="Tests that must keep passing.")
+    id_match: Literal["exact", "first-word", "name", "class"] = Field(
+        "exact",
+        description="How fail_to_pass/pass_to_pass name the report's tests, when not by the runner's own ids "
+        "(exact). first-word: as SWE-bench's pytest log parsers list them, cut at the first space; name: a pytest "
+        "function name in any file (SymPy's lists); class: a JUnit class (Multi-SWE-bench's Maven lists). A listed id "
+        "stands for every reported test it names this way and passes only when all of them pass.",
+    )
     hidden_tests: dict[str, str] = Field(
         default_factory=dict, description="Test files (workspace-relative path -> content) added only in the clean room."
     )
