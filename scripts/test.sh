@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
+bash scripts/test_fixtures.sh
 # --no-cache: a stale cache once hid a lint error that CI (fresh clone) then found.
 .venv/bin/ruff check --no-cache .
 .venv/bin/ruff format --check --no-cache .

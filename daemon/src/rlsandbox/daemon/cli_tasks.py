@@ -165,6 +165,55 @@ async def _import_swebench(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _build_env(args: argparse.Namespace) -> int:
+    """An environment image per repository of the tasks (its packages resolved on the host and
+    installed offline, content-addressed), and the tasks rewritten to run in it."""
+    import os
+
+    from rlsandbox.daemon.grading.task import TaskSpec
+    from rlsandbox.daemon.images.environments import build_environment
+    from rlsandbox.daemon.runtime.docker import DockerRuntime
+
+    src, out = Path(args.path).resolve(), Path(args.out).resolve()
+    requirements = list(args.requirement or [])
+    for file in args.requirements_file or []:
+        requirements += [ln.split("#", 1)[0].strip() for ln in Path(file).read_text().splitlines() if ln.split("#", 1)[0].strip()]
+    if not requirements:
+        raise InvalidArgument("give the packages the tests need: --requirement NAME (repeat) or --requirements-file FILE")
+    specs: list[TaskSpec] = []
+    for n, line in enumerate(src.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                specs.append(TaskSpec.model_validate_json(line))
+            except ValueError as e:
+                raise InvalidArgument(f"{src}:{n}: not a task: {e}") from None
+    built: dict[str, Any] = {}
+    async with DockerRuntime(owner="rlsandbox-tasks", instance="build-env") as runtime:
+        for spec in specs:
+            repo = str(spec.metadata.get("repo") or spec.id)
+            if repo not in built:
+                print(f"{repo}: resolving {' '.join(requirements)} for Python {args.python} ...", file=sys.stderr)
+                env = await build_environment(
+                    runtime, repo, requirements, base=args.base, python=args.python,
+                    wheelhouse=Path(args.wheelhouse) if args.wheelhouse else None, offline=args.offline,
+                )  # fmt: skip
+                done = "built" if env.built else "up to date"
+                print(f"{repo}: {env.tag} {done} ({len(env.packages)} packages)", file=sys.stderr)
+                built[repo] = env
+    lines = []
+    for spec in specs:
+        env = built[str(spec.metadata.get("repo") or spec.id)]
+        workspace = spec.workspace
+        if workspace.tar and not Path(workspace.tar).is_absolute():  # still found from the new file's folder
+            moved = os.path.relpath(src.parent / workspace.tar, out.parent)
+            workspace = workspace.model_copy(update={"tar": Path(moved).as_posix()})
+        metadata = {**spec.metadata, "environment": {"image": env.tag, "hash": env.env_hash, "packages": list(env.packages)}}
+        lines.append(spec.model_copy(update={"pool": "", "image": env.tag, "workspace": workspace, "metadata": metadata}))
+    out.write_text("".join(s.model_dump_json(exclude_none=True) + "\n" for s in lines), encoding="utf-8")
+    print(f"{len(lines)} task(s) in {len(built)} environment(s): {out}", file=sys.stderr)
+    return 0
+
+
 async def _r2egym_image_tests(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
     """An R2E-Gym record's tests as its image (local) holds them at /r2e_tests, by path below it."""
     import io
@@ -381,6 +430,21 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     sw.add_argument("--out", help="output JSONL file (default: standard output)")
     sw.set_defaults(handler=_import_swebench)
+
+    be = tasks_sub.add_parser(
+        "build-env",
+        help="build an environment image per repository of imported tasks (packages from PyPI, resolved on the host, "
+        "installed offline) and write the tasks to run in it",
+    )
+    be.add_argument("path", help="a task file (.jsonl), as import-swebench writes it")
+    be.add_argument("--requirement", action="append", metavar="SPEC", help="a package the tests need (pytz, pytest==7.4); repeat")
+    be.add_argument("--requirements-file", action="append", metavar="FILE", help="a file of such packages, one a line")
+    be.add_argument("--base", default="rlsandbox/python-task:latest", help="the image to build on (default python-task's)")
+    be.add_argument("--python", default="3.11", help="the base image's Python version, for the wheels (default 3.11)")
+    be.add_argument("--wheelhouse", help="a folder of wheels fetched before, searched first")
+    be.add_argument("--offline", action="store_true", help="only the --wheelhouse: no package index")
+    be.add_argument("--out", required=True, help="the tasks, each naming its environment's image (JSONL)")
+    be.set_defaults(handler=_build_env)
 
     ps = tasks_sub.add_parser("push", help="store tasks in the NATS object store by ref; print the refs (JSONL)")
     ps.add_argument("path", help="a task file (.yaml, .json, .jsonl) or a folder of task files")

@@ -36,6 +36,15 @@ class EngineImages:
             return None
         return dict(info.get("Config") or {})
 
+    async def image_id(self, image: str) -> str | None:
+        """The image's id (``sha256:...``), or None when it does not exist."""
+        try:
+            async with self.runtime._call("image inspect", 30):
+                info = await self.runtime.docker.images.inspect(image)
+        except (ImageNotFound, ContainerNotFound):
+            return None
+        return str(info.get("Id") or "") or None
+
     async def import_rootfs(self, tar_path: Path, *, tag: str, changes: Sequence[str], timeout: float = 600) -> None:
         """``docker import`` of a root filesystem tarball, streamed from disk."""
         url = URL("images/create").with_query([("fromSrc", "-"), ("repo", tag)] + [("changes", c) for c in changes])

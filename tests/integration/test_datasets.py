@@ -1,0 +1,91 @@
+"""A real dataset record round-trips: SWE-bench Lite's marshmallow-code__marshmallow-1359, read
+from the Parquet file SWE-bench published (../shared/datasets, in place), imported from a clone
+whose base commit is marshmallow 3.0.0's source archive from PyPI (the release before the fix:
+the record's patches apply to it as they are), its environment built from PyPI's wheels
+(`tasks build-env`), validated through a real daemon: the gold patch scores 1.0 although the
+record lists four of its tests by ids cut at a space, the empty patch 0. An agent in the episode
+runs the tests as the grader does (PYTHONPATH=src reaches it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+from helpers import daemon_config, running_daemon
+from rlsandbox.client import AsyncClient
+from rlsandbox.daemon import cli
+from rlsandbox.daemon.cli_tasks import read_records
+from rlsandbox.daemon.config import PoolConfig
+from rlsandbox.daemon.grading.task import load_tasks
+from rlsandbox.daemon.grading.validate import validate
+from rlsandbox.daemon.runtime.docker import DockerRuntime
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+DATASETS = ROOT.parent / "shared" / "datasets"
+FIXTURES = ROOT / ".venv" / "test-fixtures"
+RECORD = "marshmallow-code__marshmallow-1359"
+pytestmark = pytest.mark.skipif(not DATASETS.is_dir(), reason=f"no shared dataset records beside the checkout ({DATASETS})")
+
+
+def clone_of_the_release(tmp_path: Path) -> tuple[Path, str]:
+    """A git clone whose one commit is marshmallow 3.0.0's source tree."""
+    archives = sorted((FIXTURES / "sdists").glob("marshmallow-3.0.0.tar.gz"))
+    assert archives, f"no marshmallow sdist in {FIXTURES}: run bash scripts/test_fixtures.sh"
+    with tarfile.open(archives[0]) as tar:
+        tar.extractall(tmp_path, filter="data")
+    repo = tmp_path / "marshmallow-3.0.0"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "marshmallow 3.0.0"], check=True)
+    return repo, subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+
+
+async def test_a_swebench_lite_record_round_trips(docker_runtime: DockerRuntime, tmp_path: Path) -> None:
+    record = next(r for r in read_records(DATASETS / "swe-bench" / "SWE-bench_Lite-dev.parquet") if r["instance_id"] == RECORD)
+    repo, commit = clone_of_the_release(tmp_path)
+    # The one field the clone changes: its commit id is not upstream's (the tree is the release's).
+    (tmp_path / "in.jsonl").write_text(json.dumps({**record, "base_commit": commit}) + "\n")
+    imported, built = tmp_path / "tasks.jsonl", tmp_path / "out" / "tasks.jsonl"
+    built.parent.mkdir()
+    argv = ["tasks", "import-swebench", str(tmp_path / "in.jsonl"), "--pool", "python", "--repo", str(repo)]
+    assert await asyncio.to_thread(cli.main, [*argv, "--env", "PYTHONPATH=src", "--out", str(imported)]) == 0
+    build = ["tasks", "build-env", str(imported), "--requirement", "pytz", "--requirement", "simplejson",
+             "--requirement", "python-dateutil", "--requirement", "setuptools<70",  # distutils, which it imports
+             "--wheelhouse", str(FIXTURES / "wheels"), "--offline", "--out", str(built)]  # fmt: skip
+    assert await asyncio.to_thread(cli.main, build) == 0
+    task = load_tasks(built)[0]
+    env = task.spec.metadata["environment"]
+    assert task.spec.image == env["image"] and any(p.startswith("pytz-") for p in env["packages"])
+    assert task.spec.evaluation.id_match == "first-word" and task.spec.workspace.path == "/workspace"
+    # The same packages again: the same image, found by its content.
+    assert await asyncio.to_thread(cli.main, [*build[:-1], str(tmp_path / "again.jsonl")]) == 0
+    assert load_tasks(tmp_path / "again.jsonl")[0].spec.image == task.spec.image
+    try:
+        template = PoolConfig(name="envs", image="rlsandbox-env/*", min_ready=0, max_total=8)
+        config = daemon_config(pools=[], image_pools={"templates": [template], "idle_evict": 1.0})
+        async with running_daemon(config) as node, AsyncClient(node.address, timeout=180) as client:
+            async with client.session(task=task) as s:  # the agent runs the tests as the grader does (not the new one)
+                ran = await s.exec("python3 -m pytest -rA -p no:cacheprovider tests/test_fields.py", timeout=120)
+                assert ran.exit_code == 0 and b"= 76 passed" in ran.stdout, ran.stdout[-1500:]
+                assert b"test_datetime_list_inner_format" not in ran.stdout  # the record's test patch is the clean room's
+                await s.write_files({"src/marshmallow/fields.py": "broken = (\n"})
+                broken = await s.grade()
+            report = await validate(client, [task], runs=1, concurrency=2)
+            async with client.session(task=task) as s:
+                applied = await s.exec(["git", "apply", "-"], stdin=record["patch"].encode())
+                assert applied.exit_code == 0, applied.stderr
+                solved = await s.grade()
+    finally:
+        await docker_runtime.images.remove(task.spec.image)
+    assert [v.verdict for v in report.tasks] == ["valid"], [v.problems for v in report.tasks]
+    assert (broken.status, broken.reward) == ("ok", 0.0), broken.message
+    assert (solved.status, solved.reward) == ("ok", 1.0), (solved.message, solved.log[-2000:])
+    graded = {t.id: t.outcome for t in solved.tests}
+    cut = "tests/test_fields.py::TestErrorMessages::test_make_error[required-Missing"
+    assert graded[cut] == "passed" and "cut at the first space" in solved.message, solved.message
+    assert not solved.tampering, solved.tampering
