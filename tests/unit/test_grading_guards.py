@@ -312,6 +312,17 @@ SESSION_METHOD_SHADOWED = _PDB + (
     "            return (lambda **kw: None) if n == 'pytest_runtest_call' else getattr(self.h, n)\n"
     "    session.gethookproxy = lambda fspath: Proxy(real(fspath))\n"
 )
+# The agent's own audit hook, added after the guard's, received the guard's events with the items
+# and calls they carry, right after the guard read them: a failure emptied there reached pytest's
+# report as a pass (issue 44).
+AUDIT_HOOK_AFTER_THE_GUARD = (
+    "import sys, functools\ndef swap():\n    def hook(event, args):\n"
+    "        if event.endswith('.raw') and len(args) == 2 and getattr(args[1], 'when', '') == 'setup':\n"
+    "            item = args[0]\n"
+    "            if item.name.startswith('test_bad'):\n"
+    "                item.obj = functools.partial(setattr, item, '_obj', item.obj)  # runs nothing, puts it back\n"
+    "    sys.addaudithook(hook)\n"
+)
 PATCH_WITH_A_NATIVE_FUNCTION = "import math, operator\ndef swap():\n    vars(math)['isclose'] = operator.is_not\n"
 # Code from files that appeared during the run: a module outside the workspace, planted bytecode,
 # a test file made the agent's by touching it (chmod) before an import hook swaps its tests.
@@ -362,6 +373,7 @@ FORGED_TEST_BYTECODE = (
         (ITEM_CLASS_REPLACED, "replaced the class of pytest's Function"),
         (HOOKIMPL_ADDED, "a pytest hook implementation of"),
         (SESSION_METHOD_SHADOWED, "Session.gethookproxy was replaced by code of"),
+        (AUDIT_HOOK_AFTER_THE_GUARD, "evil.py added an audit hook"),
     ],
     ids=[
         "swap-a-tests-code",
@@ -389,6 +401,7 @@ FORGED_TEST_BYTECODE = (
         "item-class-replaced",
         "hookimpl-added",
         "session-method-shadowed",
+        "audit-hook-after-the-guard",
     ],
 )
 @pytest.mark.processes

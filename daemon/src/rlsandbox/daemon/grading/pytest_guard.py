@@ -1573,6 +1573,7 @@ def _install(cfg):
             )
         ]
         + ["import", "object.__getattr__", "exec", "object.__setattr__", "object.__delattr__", "open", "compile"]
+        + ["sys.addaudithook"]
         + list(_INTROSPECTION)
         + list(_BYTECODE)
     )
@@ -1658,6 +1659,14 @@ def _install(cfg):
                     if agent_code(where):
                         tamper("%s reached into frames (%s)" % (where, args[1]))
                         raise RuntimeError("rlsandbox grading: frame introspection is not allowed in code under test")
+            elif event == "sys.addaudithook":
+                # A hook added after the guard's receives every event the guard handled, with the
+                # items, calls and reports they carry, right after the guard read them: none is
+                # added (a RuntimeError here makes sys.addaudithook drop it, silently for the caller).
+                where = culprit()
+                if agent_code(where):
+                    tamper("%s added an audit hook (it would see the runner's objects after the guard)" % where)
+                raise RuntimeError("rlsandbox grading: no audit hook is added during a graded run")
             elif event in _INTROSPECTION:
                 where = culprit()
                 if agent_code(where):
