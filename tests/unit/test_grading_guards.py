@@ -448,6 +448,50 @@ def run_guarded(tmp_path: Path, evil: str, files: dict[str, str]) -> tuple[Guard
     return log, out
 
 
+# unittest.TestCase tests under pytest: pytest's unittest plugin keeps a test's exception on the
+# item (item._excinfo) and moves it into the call only inside makereport, after the guard read the
+# call, so the guard's own outcome of every such test was "passed" (issue 44, class 3). The
+# agent's code makes that list drop what unittest records: no exception reaches the report.
+DROP_UNITTEST_FAILURES = _PDB + (
+    "class _Drop(list):\n    def append(self, x):\n        pass\n"
+    "def swap():\n" + _ITEMS + "            it.__dict__['_excinfo'] = _Drop()\n"
+)
+UNITTEST_TESTS = (
+    "import unittest\n\nclass T(unittest.TestCase):\n"
+    "    def test_bad(self):\n        self.assertEqual(1, 2)\n"
+    "    def test_bad_error(self):\n        raise KeyError('x')\n"
+    "    def test_bad_sub(self):\n        for i in range(2):\n"
+    "            with self.subTest(i=i):\n                self.assertEqual(i, 0)\n"
+    "    def test_ok(self):\n        self.assertEqual(1, 1)\n"
+    "    @unittest.expectedFailure\n    def test_expected(self):\n        self.assertEqual(1, 2)\n"
+    "    def test_skipped(self):\n        self.skipTest('later')\n"
+)
+
+
+@pytest.mark.processes
+def test_guard_sees_the_outcomes_of_unittest_cases_under_pytest(tmp_path: Path) -> None:
+    """The guard's own outcome of a TestCase's test comes from unittest's run of it (every
+    exception that leaves a part of the test, as unittest's _Outcome sees it), not from the item
+    pytest's plugin fills: failures dropped there are failures of the guard's log, and so
+    tampering; honest runs agree with pytest's report."""
+    files = {"test_x.py": "import evil\n\ndef test_first():\n    evil.swap()\n", "test_y.py": UNITTEST_TESTS}
+    (tmp_path / "honest").mkdir()
+    (tmp_path / "hacked").mkdir()
+    log, out = run_guarded(tmp_path / "honest", "def swap():\n    pass\n", files)
+    assert not log.tampering, log.tampering
+    assert {k: v.value for k, v in log.tests.items() if "test_y" in k} == {
+        "test_y.py::T::test_bad": "failed",
+        "test_y.py::T::test_bad_error": "failed",
+        "test_y.py::T::test_bad_sub": "failed",
+        "test_y.py::T::test_ok": "passed",
+        "test_y.py::T::test_expected": "skipped",
+        "test_y.py::T::test_skipped": "skipped",
+    }, (log.tests, out)
+    log, out = run_guarded(tmp_path / "hacked", DROP_UNITTEST_FAILURES, files)
+    assert "3 failed" not in out  # the hack works on pytest's report
+    assert any("test_y.py::T::test_bad (call) failed" in t for t in log.tampering), (log.tampering, out)
+
+
 # What correct code and ordinary tests do, which the guard must leave alone.
 GUARD_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "guard"
 

@@ -210,6 +210,8 @@ def read_guard_log(stderr: bytes, key: bytes, runner: str = "pytest") -> GuardLo
         elif kind == "raw":
             nodeid, when, outcome = fields
             raw[(nodeid, when)] = outcome
+            if when == "subtests":  # what the test's sub-tests did, as unittest ran them: part of its outcome
+                phases.setdefault(nodeid, {})[when] = _phase_outcome("call", outcome, False)
         elif kind == "report":
             nodeid, when, outcome, wasxfail = fields
             if outcome == "passed" and raw.get((nodeid, when)) not in ("passed", None):
@@ -220,7 +222,11 @@ def read_guard_log(stderr: bytes, key: bytes, runner: str = "pytest") -> GuardLo
             elif outcome == "passed" and (nodeid, when) not in raw and when == "call":
                 log.tampering.append(f"{name}: {nodeid} reported passed but never ran under the runner")
                 outcome = "failed"
-            phases.setdefault(nodeid, {})[when] = _phase_outcome(when, outcome, wasxfail)
+            # A phase reported twice (pytest >= 9 reports each subTest of a test's call on its own,
+            # then the test) keeps its worst outcome: a failed subtest fails its test.
+            by_phase = phases.setdefault(nodeid, {})
+            now = _phase_outcome(when, outcome, wasxfail)
+            by_phase[when] = _worst((by_phase[when], now)) if when in by_phase else now
         elif kind == "case":  # unittest: each outcome its TestResult recorded, the worst counts
             try:
                 # A class fixture's error, "setUpClass (m.C)", as the output names it: "m.C.setUpClass".

@@ -1058,8 +1058,21 @@ def _install(cfg):
                 raise RuntimeError("rlsandbox grading: loading bytecode is not allowed in code under test")
             frame = frame.f_back
 
+    def pytests_own_report_type(cls):
+        # pytest >= 9 reports each unittest subTest (and subtests fixture use) as _pytest.subtests'
+        # SubtestReport, a TestReport of its own: that class, from pytest's own file, is pytest's.
+        module = sys.modules.get("_pytest.subtests")
+        where = getattr(module, "__file__", None)
+        return (
+            module is not None
+            and getattr(module, "SubtestReport", None) is cls
+            and _type(where) is _str
+            and runner_file(where)
+            and _issubclass(cls, report_type)
+        )
+
     def on_report(report):
-        if _type(report) is not report_type:
+        if _type(report) is not report_type and not pytests_own_report_type(_type(report)):
             tamper("a report of type %r reached the runner" % _type(report).__name__)
             return
         nodeid, when, outcome = report.nodeid, report.when, report.outcome
@@ -1081,9 +1094,17 @@ def _install(cfg):
             raw = "skipped"
         else:
             raw = "failed"
+        own, sub = parts["own"], parts["sub"]
+        parts["own"] = parts["sub"] = None
+        if call.when == "call" and raw == "passed" and own is not None:
+            raw = own  # a TestCase's test: its exception is still on the item (pytest's unittest plugin)
         nodeid = item.nodeid
         if _type(nodeid) is _str:
             emit("raw", nodeid, call.when, raw)
+            if call.when == "call" and sub is not None:
+                # pytest >= 9 reports a failed sub-test on its own and the test as passed; before,
+                # the test failed. Either way the test's outcome is no better than its sub-tests'.
+                emit("raw", nodeid, "subtests", sub)
             if excinfo is not None and raw != "passed":
                 skipped_by_agent(nodeid, excinfo.value)
             if fixture_values:
@@ -1184,6 +1205,15 @@ def _install(cfg):
         if found is not None:
             return found
         return culprit(frame) if frame is not None else "<unknown>"
+
+    # What left the parts of the unittest test pytest runs now (its call phase runs the whole
+    # TestCase.run): the test's own parts, and its sub-tests'.
+    parts = {"own": None, "sub": None}
+
+    def on_part(test, outcome):
+        key = "sub" if _type(test) is subtest_type else "own"
+        if parts[key] != "failed":
+            parts[key] = outcome
 
     def on_skip(test, exc):
         # A SkipTest leaving a part of a test (testPartExecutor): its traceback shows who raised it.
@@ -1570,6 +1600,7 @@ def _install(cfg):
                 ".stop",
                 ".plan",
                 ".skip",
+                ".part",
             )
         ]
         + ["import", "object.__getattr__", "exec", "object.__setattr__", "object.__delattr__", "open", "compile"]
@@ -1613,6 +1644,8 @@ def _install(cfg):
                 on_case(args[0], args[1], args[2], args[3], _getframe(2))
             elif event == _NAME + ".skip":
                 on_skip(args[0], args[1])
+            elif event == _NAME + ".part":
+                on_part(args[0], args[1])
             elif event == _NAME + ".stop":
                 on_stop(args[0], _getframe(2))
             elif event == _NAME + ".plan":
@@ -1800,15 +1833,24 @@ def _record_unittest_results():
     shown(unittest.result.TestResult, "stop", _NAME + ".stop")
     shown(unittest.runner.TextTestRunner, "run", _NAME + ".plan")
 
-    # Every part of a test (setUp, the test, tearDown, a sub-test) runs in testPartExecutor, which
-    # turns a SkipTest into a skip: the exception, with the traceback of who raised it, is shown
-    # on its way there.
-    import contextlib
+    _watch_unittest_parts()
 
+
+def _watch_unittest_parts():
+    """Every part of a unittest test (setUp, the test, tearDown, a sub-test) runs in
+    testPartExecutor: what leaves a part is shown on its way out, before anything of the
+    runner's records it. A SkipTest (.skip, with the traceback of who raised it), and any other
+    exception (.part: the test case, and "skipped" under expectedFailure, else "failed"). Under
+    pytest this is the guard's own outcome of a TestCase's test: pytest's unittest plugin keeps
+    the exception on its item and hands it to the call only in makereport, after the guard read it."""
+    import contextlib
+    import unittest.case
+
+    audit = sys.audit
     outcome = unittest.case._Outcome
     part = outcome.__dict__["testPartExecutor"]
     skip_test = unittest.case.SkipTest
-    skip_event = _NAME + ".skip"
+    skip_event, part_event = _NAME + ".skip", _NAME + ".part"
 
     @contextlib.contextmanager
     def testPartExecutor(self, test_case, *args, **kwargs):
@@ -1817,6 +1859,9 @@ def _record_unittest_results():
                 yield
             except skip_test as e:
                 audit(skip_event, test_case, e)
+                raise
+            except BaseException:
+                audit(part_event, test_case, "skipped" if getattr(self, "expecting_failure", False) else "failed")
                 raise
 
     type.__setattr__(outcome, "testPartExecutor", testPartExecutor)
@@ -1835,6 +1880,7 @@ if _cfg is not None and _cfg.get("runner") == "unittest":
 
     atexit.register(sys.audit, _NAME + ".end", None)
 elif _cfg is not None:
+    _watch_unittest_parts()  # before _install: the snapshot of the runner holds the wrapper (pytest imports unittest)
     _install(_cfg)
     del _cfg
     import pytest as _pytest_api
