@@ -6,6 +6,7 @@ import dataclasses
 import io
 import json
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -347,6 +348,36 @@ def test_swebench_import_from_a_local_clone_with_env(tmp_path: Path) -> None:
 def test_patch_files_include_deleted_and_new_files() -> None:
     patch = "--- a/gone.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n--- /dev/null\n+++ b/new.py\n@@ -0,0 +1 @@\n+y\n"
     assert patch_files(patch) == ["gone.py", "new.py"]
+
+
+@pytest.mark.processes
+def test_every_spelling_of_a_distribution_the_importer_finds_is_protected(tmp_path: Path) -> None:
+    """importlib.metadata lists a folder as a distribution (its entry points: pytest's plugins)
+    whatever the case of its .dist-info / .egg-info suffix: each spelling it finds, from any import
+    root, is a protected path (issue 44, class 1: RLEvil-1.0.DIST-INFO loaded a plugin)."""
+    import random
+
+    rng = random.Random(7)
+    spellings = [".dist-info", ".DIST-INFO", ".Dist-Info", ".egg-info", ".EGG-INFO"]
+    spellings += ["".join(c.upper() if rng.random() < 0.5 else c for c in s) for s in (".dist-info", ".egg-info") * 6]
+    roots = ["", "src/", "lib/deep/"]
+    made = []
+    for n, (suffix, root) in enumerate((s, r) for s in spellings for r in roots):
+        folder = tmp_path / f"{root}Evil{n}-1.0{suffix}"
+        folder.mkdir(parents=True)
+        (folder / ("PKG-INFO" if "egg" in suffix.lower() else "METADATA")).write_text(f"Name: evil{n}\nVersion: 1.0\n")
+        (folder / "entry_points.txt").write_text(f"[pytest11]\nevil{n} = evil_plugin\n")
+        made.append((f"{root}Evil{n}-1.0{suffix}/entry_points.txt", f"evil{n}"))
+    path = [str(tmp_path / r) for r in roots]
+    found = subprocess.run(
+        [sys.executable, "-c", "import importlib.metadata as m, sys; sys.path[:0] = sys.argv[1:]; "
+         "print('\\n'.join(e.name for e in m.entry_points(group='pytest11')))", *path],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    for rel, name in made:
+        assert name in found, (rel, "the importer does not find it: the test's premise is wrong")
+        assert matches(rel, DEFAULT_PROTECTED), rel
+    assert not matches("src/dist-info-notes/readme.txt", DEFAULT_PROTECTED)
 
 
 def test_glob_matching() -> None:

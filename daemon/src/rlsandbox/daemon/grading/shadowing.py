@@ -56,7 +56,7 @@ while todo and seen < 20000:
     names = {e.name for e in entries}
     # A virtualenv, a conda env, or a folder packages were installed into (pip install --target,
     # __pypackages__): *.dist-info is what an install writes, never a project's source tree.
-    installed = any(n.endswith(".dist-info") for n in names)
+    installed = any(n.lower().endswith(".dist-info") for n in names)  # as importlib.metadata finds them
     if folder != ws and ("pyvenv.cfg" in names or "conda-meta" in names or installed):
         envs.add(os.path.relpath(folder, ws))
         continue

@@ -51,6 +51,7 @@ DEFAULT_PROTECTED = (
     "**/__pycache__/**",
     "**/*.dist-info/**",
     "**/*.egg-info/**",
+    "**/*.egg-info",  # a PKG-INFO file is a distribution too (no entry points, but a name and version)
     "**/*.egg-link",
     "**/package.json",
     "**/.npmrc",
@@ -278,12 +279,23 @@ def within(path: str, places: Iterable[str]) -> bool:
     return any(path == p or path.startswith(p + "/") for p in places)
 
 
+# Patterns whose files are found by a consumer that ignores case: importlib.metadata lists every
+# folder whose lower-cased name ends in .dist-info or .egg-info as a distribution (with its entry
+# points: pytest's plugins), so RLEvil-1.0.DIST-INFO is one too. These match in any case.
+CASELESS_PATTERNS = frozenset(("**/*.dist-info/**", "**/*.egg-info/**", "**/*.egg-info", "**/*.egg-link"))
+
+
 def matches(path: str, patterns: list[str] | tuple[str, ...]) -> bool:
-    """Glob match of a workspace-relative path, where ``**/`` also matches no folder at all."""
+    """Glob match of a workspace-relative path, where ``**/`` also matches no folder at all; the
+    patterns of ``CASELESS_PATTERNS`` match in any case."""
+    lowered = ""
     for pattern in patterns:
-        if fnmatch.fnmatchcase(path, pattern):
+        subject = path
+        if pattern in CASELESS_PATTERNS:
+            subject = lowered = lowered or path.lower()
+        if fnmatch.fnmatchcase(subject, pattern):
             return True
-        if pattern.startswith("**/") and fnmatch.fnmatchcase(path, pattern[3:]):
+        if pattern.startswith("**/") and fnmatch.fnmatchcase(subject, pattern[3:]):
             return True
     return False
 
