@@ -77,6 +77,23 @@ for entry in sys.path:
         names.update(m.name for m in pkgutil.iter_modules([entry]))
     except Exception:
         pass
+# Every top-level name this interpreter tries to import as it starts, with this environment
+# (site's .pth files, a sitecustomize's own imports such as Debian's apport_python_hook, found or
+# not): a module of that name on an import root would run before the runner and its guard.
+try:
+    import subprocess
+    started = subprocess.run(
+        [sys.executable, "-vv", "-c", "import sys; print(chr(0).join(sys.path))"],
+        capture_output=True, timeout=30, env=os.environ, cwd="/",
+    )
+    roots = {os.path.realpath(p) for p in started.stdout.decode("utf-8", "surrogateescape").strip().split(chr(0)) if p}
+    for line in started.stderr.decode("utf-8", "surrogateescape").splitlines():
+        if line.startswith("# trying "):
+            tried = line[len("# trying "):]
+            if os.path.realpath(os.path.dirname(tried)) in roots:
+                names.add(os.path.basename(tried).split(".", 1)[0])
+except Exception:
+    pass
 # What those environments hold is the image's too, on this interpreter's path or not (a command
 # may put one there itself: PYTHONPATH=.deps).
 for env in envs:
