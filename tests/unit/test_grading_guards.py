@@ -544,6 +544,17 @@ EQUAL_BY_A_TRUTHY_STR = (
     "    __hash__ = str.__hash__\ndef add(a, b):\n    return E('x')\n"
 )
 CONTAINS_ANYTHING = "class E(list):\n    def __contains__(self, item):\n        return True\ndef add(a, b):\n    return E()\n"
+# Equal to any value of the type the test expects, and to nothing else: no stranger of the
+# probes was of that type (issue 44, class 5). The test's expected value follows "# expect:".
+_BY_TYPE = "class E:\n    def __eq__(self, other):\n        return type(other) is {t}\n    __hash__ = object.__hash__\n"
+EQUAL_TO_ANY_TIME = (
+    "import datetime\n# expect: datetime.time(10, 30)\n" + _BY_TYPE.format(t="datetime.time") + _ANSWER.replace("E(0)", "E()")
+)
+EQUAL_TO_ANY_BYTES = "# expect: b'3'\n" + _BY_TYPE.format(t="bytes") + _ANSWER.replace("E(0)", "E()")
+EQUAL_TO_ANY_DECIMAL = (
+    "import decimal\n# expect: decimal.Decimal('3.00')\n" + _BY_TYPE.format(t="decimal.Decimal") + _ANSWER.replace("E(0)", "E()")
+)
+EQUAL_TO_ANY_FROZENSET = "# expect: frozenset({1, 2})\n" + _BY_TYPE.format(t="frozenset") + _ANSWER.replace("E(0)", "E()")
 
 
 @pytest.mark.parametrize(
@@ -560,6 +571,10 @@ CONTAINS_ANYTHING = "class E(list):\n    def __contains__(self, item):\n        
         (EQUAL_WHEN_ARMED, "evil.E (%s) equals anything"),
         (EQUAL_WHEN_ARMED_UNWRAPPED, "evil.E (%s) equals anything"),
         (EQUAL_BY_A_TRUTHY_STR, "evil.E (%s) equals anything"),
+        (EQUAL_TO_ANY_TIME, "evil.E (%s) equals any time"),
+        (EQUAL_TO_ANY_BYTES, "evil.E (%s) equals any bytes"),
+        (EQUAL_TO_ANY_DECIMAL, "evil.E (%s) equals any Decimal"),
+        (EQUAL_TO_ANY_FROZENSET, "evil.E (%s) equals any frozenset"),
     ],
     ids=[
         "always-equal",
@@ -573,6 +588,10 @@ CONTAINS_ANYTHING = "class E(list):\n    def __contains__(self, item):\n        
         "armed-by-its-constructor",
         "armed-and-unwrapped",
         "a-truthy-str-for-yes",
+        "equal-to-any-time",
+        "equal-to-any-bytes",
+        "equal-to-any-decimal",
+        "equal-to-any-frozenset",
     ],
 )
 @pytest.mark.processes
@@ -586,6 +605,9 @@ def test_guard_catches_results_that_equal_anything(tmp_path: Path, evil: str, ca
         tests = {"test_y.py": "import evil\n\ndef test_add():\n    assert 3 in evil.add(1, 2)\n"}
     elif "difflib" in evil:
         tests = {"test_y.py": "import evil\n\ndef test_add():\n    assert evil.add(1, 2) == (1, 2, 3)\n"}
+    elif "# expect: " in evil:
+        expected = evil.split("# expect: ", 1)[1].split("\n", 1)[0]
+        tests = {"test_y.py": f"import datetime, decimal, evil\n\ndef test_add():\n    assert evil.add(1, 2) == {expected}\n"}
     log, out = run_guarded(tmp_path, evil, tests)
     if evil is not EQUAL_PUT_BACK_AFTER_USE:  # (the probe was its one use)
         assert list(log.tests.values()) == [Outcome.PASSED], (log.tests, out)  # the test itself passes: it paid before
