@@ -113,6 +113,43 @@ async def test_a_cluster_client_places_sessions_over_the_nodes_and_drops_a_stopp
             await s.close()
 
 
+async def test_what_is_put_in_the_node_table_is_read_as_untrusted_input(nodes: list[NodeDaemon], nats_server: NatsServer) -> None:
+    """Anyone who can put into RLSANDBOX_NODES: one record with "ts": "soon" made GetCluster fail
+    with INTERNAL on every node (no client could place), a record with ts = 1e308 never aged out,
+    a record claiming a real node's id under a key of its own took its place, and a fake node with
+    a huge free count drew the sessions to its address. Each is now refused by every reader
+    (counted, logged once), the table and placement are the real nodes'."""
+    ids = {n.config.node_id for n in nodes}
+    victim = nodes[0].config.node_id
+    fake = {"node": "zz-evil", "address": "127.0.0.1:1", "sessions": 0, "max_sessions": 10**6, "free": 10**6,
+            "pools": {"busybox": {"ready": 10**6, "in_use": 0, "max_total": 10**6}}, "load1": 0.0, "serving": True,
+            "ts": time.time()}  # fmt: skip
+    nc = await nats.connect(nats_server.url)
+    try:
+        kv = await nc.jetstream().key_value("RLSANDBOX_NODES")
+        await kv.put("aa-soon", json.dumps({**fake, "node": "aa-soon", "ts": "soon"}).encode())
+        await kv.put("forever", json.dumps({**fake, "node": "forever", "ts": 1e308}).encode())
+        await kv.put("thief", json.dumps({**fake, "node": victim}).encode())  # another node's id, another key
+        await kv.put("junk", b"\xff not json")
+        await kv.put("zz-evil", json.dumps({**fake, "free": "lots"}).encode())
+        await kv.put("negative", json.dumps({**fake, "node": "negative", "sessions": -5}).encode())
+        async with ClusterClient(nodes[1].address, refresh=0.5) as cluster:
+            for node in nodes:
+                async with AsyncClient(node.address) as direct:
+                    table = await direct._call("GetCluster", pb.GetClusterRequest())
+                assert {n.node_id for n in table.nodes} == ids, table
+                by_id = {n.node_id: n for n in table.nodes}
+                assert by_id[victim].address == nodes[0].address and by_id[victim].free <= 12
+            assert await eventually_nodes(cluster, 3) == ids
+            placed = [await cluster.create_session("busybox") for _ in range(6)]
+            assert all(p.id.rsplit("-", 1)[0] in ids for p in placed)
+            for p in placed:
+                await p.close()
+        assert all(n.membership is not None and n.membership.rejected_total >= 5 for n in nodes)
+    finally:
+        await nc.close()
+
+
 async def ping_all(nc: Any, subject: str, wait: float = 1.0) -> list[dict[str, Any]]:
     """Every answer to one request (the NATS micro discovery pattern: all instances reply)."""
     inbox = nc.new_inbox()

@@ -75,3 +75,28 @@ def test_sessions_spread_in_proportion_to_the_nodes_capacities() -> None:
     for k, size in sizes.items():
         share, expected = p.placements[k] / 1000, size / sum(sizes.values())
         assert abs(share - expected) <= 0.1 * expected, p.placements
+
+
+def test_node_records_from_the_bus_are_checked_before_use() -> None:
+    """cluster.node_record: the node table is anyone's to write to on an open NATS; a reader
+    takes only live records of a node under its own key, with an address and counts in range."""
+    import math
+
+    from rlsandbox.daemon.cluster import MAX_FUTURE, node_record
+
+    now, ttl = 1_000_000.0, 6.0
+    good = {"node": "n1", "address": "10.0.0.1:7420", "sessions": 2, "max_sessions": 10, "free": 8,
+            "pools": {"py": {"ready": 1, "in_use": 2, "max_total": 4}}, "load1": 0.5, "serving": True,
+            "draining": False, "ts": now - 1}  # fmt: skip
+    assert node_record("n1", good, now, ttl) == good
+    assert node_record("n1", {**good, "extra": "x" * 10**6}, now, ttl) == good  # unknown fields are dropped
+    assert node_record("n1", {**good, "address": "[::1]:7420"}, now, ttl) is not None
+    bad = [
+        {**good, "ts": "soon"}, {**good, "ts": 1e308}, {**good, "ts": math.nan}, {**good, "ts": now + MAX_FUTURE + 1},
+        {**good, "ts": now - ttl - 1}, {**good, "ts": True}, {**good, "node": "n2"}, {**good, "node": ""},
+        {**good, "address": "evil"}, {**good, "address": "a b:1"}, {**good, "sessions": -1}, {**good, "free": 11},
+        {**good, "free": "8"}, {**good, "free": True}, {**good, "load1": math.inf}, {**good, "pools": []},
+        {**good, "pools": {"py": {"ready": -1}}}, {**good, "serving": "yes"}, [good], None, "x",
+    ]  # fmt: skip
+    for value in bad:
+        assert node_record("n1", value, now, ttl) is None, value

@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import re
 import time
 from typing import Any
 
@@ -42,6 +44,60 @@ SERVICE = "rlsandbox"  # the NATS micro service every node registers as
 CACHE = 1.0  # seconds a read of the table is reused
 
 
+MAX_FUTURE = 30.0  # seconds a record's time may be ahead of this node's clock (their clocks differ)
+_ADDRESS = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]{1,253}):[0-9]{1,5}$|^unix:/[^\s]{1,200}$")
+_COUNT_MAX = 10_000_000
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _COUNT_MAX:
+        return None
+    return value
+
+
+def node_record(key: str, value: Any, now: float, ttl: float) -> dict[str, Any] | None:
+    """A node table entry as a reader may use it, or None: anything on the bus is read as
+    untrusted input. The record must be a live node's (its ``ts`` a finite time no more than
+    ``ttl`` old and not ahead of ``now`` by more than ``MAX_FUTURE``), under the key its own id
+    makes (a record claiming another node's id under a key of its own is not that node), with an
+    address of host:port and counts in range. The result holds only those fields, normalized."""
+    if not isinstance(value, dict):
+        return None
+    node, address, ts = value.get("node"), value.get("address"), value.get("ts")
+    if not isinstance(node, str) or not 0 < len(node) <= 256 or token(node) != key:
+        return None
+    if not isinstance(address, str) or not _ADDRESS.match(address):
+        return None
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        return None
+    if not now - ttl <= ts <= now + MAX_FUTURE:
+        return None
+    sessions, max_sessions, free = (_count(value.get(k, 0)) for k in ("sessions", "max_sessions", "free"))
+    if sessions is None or max_sessions is None or free is None or free > max_sessions:
+        return None
+    load1 = value.get("load1", 0.0)
+    if isinstance(load1, bool) or not isinstance(load1, (int, float)) or not 0 <= load1 < 1e6:
+        return None
+    pools_in = value.get("pools", {})
+    if not isinstance(pools_in, dict) or len(pools_in) > 10_000:
+        return None
+    pools: dict[str, dict[str, int]] = {}
+    for name, pool in pools_in.items():
+        if not isinstance(name, str) or len(name) > 256 or not isinstance(pool, dict):
+            return None
+        counts = {k: _count(pool.get(k, 0)) for k in ("ready", "in_use", "max_total")}
+        if any(c is None for c in counts.values()):
+            return None
+        pools[name] = {k: int(c or 0) for k, c in counts.items()}
+    serving, draining = value.get("serving", False), value.get("draining", False)
+    if not isinstance(serving, bool) or not isinstance(draining, bool):
+        return None
+    return {
+        "node": node, "address": address, "sessions": sessions, "max_sessions": max_sessions, "free": free,
+        "pools": pools, "load1": float(load1), "serving": serving, "draining": draining, "ts": float(ts),
+    }  # fmt: skip
+
+
 class Membership:
     def __init__(self, nats_url: str, node_id: str, *, interval: float, auth: NatsAuth | None = None, replicas: int = 1) -> None:
         self.nats_url = nats_url
@@ -62,6 +118,8 @@ class Membership:
         self._watch_task: asyncio.Task[None] | None = None
         self.watched_total = 0
         self.published_total = 0
+        self.rejected_total = 0  # node table entries read and refused (node_record)
+        self._warned: set[str] = set()  # keys whose refused record was logged (once each)
 
     @property
     def status_subject(self) -> str:
@@ -125,7 +183,7 @@ class Membership:
             self._watch_task = asyncio.get_running_loop().create_task(self._watch(), name="membership-watch")
         now = time.time()
         if self._table is not None and time.monotonic() - self._table_updated <= self.ttl:
-            live = {k: r for k, r in self._table.items() if now - float(r.get("ts", 0)) <= self.ttl}
+            live = self._valid(self._table.items(), now)
             # This node's own record, put in the bucket, missing from the watched table: the
             # watcher is behind (its server was lost and its consumer not yet moved), not the node.
             if self.key in live or self._left or self.published_total == 0:
@@ -138,16 +196,32 @@ class Membership:
             keys = await kv.keys()
         except nats.js.errors.NoKeysError:
             keys = []
-        records = []
-        now = time.time()
+        read: list[tuple[str, Any]] = []
         for key in keys:
-            with contextlib.suppress(nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            with contextlib.suppress(nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError, orjson.JSONDecodeError):
                 entry = await kv.get(key)
-                record = orjson.loads(entry.value or b"{}")
-                if isinstance(record, dict) and now - float(record.get("ts", 0)) <= self.ttl:
-                    records.append(record)
+                read.append((key, orjson.loads(entry.value or b"{}")))
+        records = list(self._valid(read, time.time()).values())
         self._cache = (time.monotonic(), records)
         return records
+
+    def _valid(self, entries: Any, now: float) -> dict[str, dict[str, Any]]:
+        """The entries that are live nodes' records (node_record); the others counted, and logged
+        once per key unless they merely aged out."""
+        live: dict[str, dict[str, Any]] = {}
+        for key, value in entries:
+            record = node_record(key, value, now, self.ttl)
+            if record is not None:
+                live[key] = record
+                continue
+            ts = value.get("ts") if isinstance(value, dict) else None
+            if isinstance(ts, (int, float)) and not isinstance(ts, bool) and now - self.ttl > ts:
+                continue  # a node that stopped: its entry expires
+            self.rejected_total += 1
+            if key not in self._warned and len(self._warned) < 1000:
+                self._warned.add(key)
+                log.warning("membership: the node table entry %r is not a node's record; ignored", key[:64])
+        return live
 
     async def _watch(self) -> None:
         """Keep the node table in memory from the bucket's puts and deletes; entries that expire
