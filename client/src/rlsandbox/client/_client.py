@@ -224,10 +224,13 @@ class AsyncClient:
         r = await self._call("Fork", pb.ForkRequest(session_id=session_id, count=count, labels=dict(labels or {})))
         return [AsyncSession(self, SessionInfo.from_pb(s)) for s in r.sessions]
 
-    async def drain(self, *, undo: bool = False) -> tuple[bool, int]:
+    async def drain(self, *, undo: bool = False, node_id: Optional[str] = None) -> Tuple[bool, int]:
         """Stop the node taking new sessions while the open ones go on (``undo``: take them
-        again); returns (draining, sessions still open)."""
-        r = await self._call("Drain", pb.DrainRequest(undo=undo))
+        again); returns (draining, sessions still open). The request names the node (``node_id``,
+        else the one this client reaches, asked first): a node refuses a drain meant for another."""
+        if node_id is None:
+            node_id = (await self.node_status()).node_id
+        r = await self._call("Drain", pb.DrainRequest(undo=undo, node_id=node_id))
         return r.draining, r.sessions
 
     async def node_status(self) -> NodeStatus:

@@ -32,10 +32,12 @@ EVALUATE_MODE_CLEAN_ROOM: EvaluateMode
 EVALUATE_MODE_IN_PLACE: EvaluateMode
 
 class DrainRequest(_message.Message):
-    __slots__ = ("undo",)
+    __slots__ = ("undo", "node_id")
     UNDO_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     undo: bool
-    def __init__(self, undo: _Optional[bool] = ...) -> None: ...
+    node_id: str
+    def __init__(self, undo: _Optional[bool] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class DrainResponse(_message.Message):
     __slots__ = ("draining", "sessions")

@@ -32,6 +32,8 @@ FIELD_LIMITS: dict[str, int] = {
     "data": 128 * MiB,  # file contents: the message size limit is the real bound
 }
 DEFAULT_STRING = 64 * KiB
+# Numbers with a range of their own (checked by their handlers).
+MAX_PREFETCH_TTL = 7 * 24 * 3600.0  # seconds a prefetch keeps sandboxes after its task was last asked for
 DEFAULT_BYTES = 128 * MiB
 
 # Maps: (entries, key characters, value characters).

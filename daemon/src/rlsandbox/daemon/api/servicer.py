@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 from rlsandbox.daemon.api import convert
+from rlsandbox.daemon.api.limits import MAX_PREFETCH_TTL
 from rlsandbox.daemon.config import DaemonConfig
 from rlsandbox.daemon.errors import FailedPrecondition, InvalidArgument, SandboxError, Unavailable
 from rlsandbox.daemon.grading.bundles import TaskBundles
@@ -159,8 +160,11 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     async def Prefetch(self, request: pb.PrefetchRequest, context: grpc.aio.ServicerContext) -> pb.PrefetchResponse:
         if not request.HasField("task"):
             raise InvalidArgument("task is required: the task to prepare sandboxes for")
-        if request.ttl < 0 or request.ttl != request.ttl:
-            raise InvalidArgument(f"ttl must be >= 0 seconds (got {request.ttl})")
+        if not 0 <= request.ttl <= MAX_PREFETCH_TTL:  # NaN too
+            raise InvalidArgument(
+                f"ttl must be between 0 (the node's default) and {MAX_PREFETCH_TTL:.0f} seconds (got {request.ttl}): "
+                "prefetch again to keep sandboxes longer"
+            )
         await self._resolve(request.task)
         task = convert.task(request.task, self.sessions.prefetcher.known)
         state = await self.sessions.prefetch(task, request.count, request.ttl or self.config.prefetch_ttl)
@@ -182,6 +186,11 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         return convert.cluster(records, self.sessions.node_id)
 
     async def Drain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext) -> pb.DrainResponse:
+        if request.node_id != self.sessions.node_id:
+            raise InvalidArgument(
+                f"node_id {request.node_id[:128]!r} is not this node ({self.sessions.node_id}): name the node to drain "
+                "(GetNodeStatus's node_id); an empty request drains nothing"
+            )
         self.sessions.draining = not request.undo
         log.warning(
             "node %s %s", self.sessions.node_id, "draining: no new sessions" if self.sessions.draining else "takes sessions again"
