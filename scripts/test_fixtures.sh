@@ -2,7 +2,7 @@
 # Test fixtures from PyPI, fetched once into .venv/test-fixtures (the tests themselves reach
 # nothing but this machine): the source archives of marshmallow whose trees are the base commits
 # of SWE-bench Lite records, and the wheels their tests need, for the dataset round trip
-# (tests/integration/test_datasets.py). Idempotent: a stamp names what was fetched.
+# (tests/integration/test_dataset_round_trip.py). Idempotent: a stamp names what was fetched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=.venv/test-fixtures

@@ -1,7 +1,7 @@
 """Real dataset records as published (../shared/datasets, read in place): every record imports
 into a task that names the record's tests the way the record's own harness does, or is refused
 with a message that says what to give. Field by field against the record: these repositories
-cannot be had here (the round trip through a daemon is tests/integration/test_datasets.py)."""
+cannot be had here (the round trip through a daemon is tests/integration/test_dataset_round_trip.py)."""
 
 from __future__ import annotations
 
