@@ -20,6 +20,7 @@ from rlsandbox.client import AsyncClient
 from rlsandbox.daemon import cli
 from rlsandbox.daemon.cli_tasks import read_records
 from rlsandbox.daemon.config import PoolConfig
+from rlsandbox.daemon.grading.audit import audit
 from rlsandbox.daemon.grading.task import load_tasks
 from rlsandbox.daemon.grading.validate import validate
 from rlsandbox.daemon.runtime.docker import DockerRuntime
@@ -76,6 +77,7 @@ async def test_a_swebench_lite_record_round_trips(docker_runtime: DockerRuntime,
                 await s.write_files({"src/marshmallow/fields.py": "broken = (\n"})
                 broken = await s.grade()
             report = await validate(client, [task], runs=1, concurrency=2)
+            audited = await audit(client, [task], concurrency=2)  # its one hunk's function, stubbed twice
             async with client.session(task=task) as s:
                 applied = await s.exec(["git", "apply", "-"], stdin=record["patch"].encode())
                 assert applied.exit_code == 0, applied.stderr
@@ -83,6 +85,7 @@ async def test_a_swebench_lite_record_round_trips(docker_runtime: DockerRuntime,
     finally:
         await docker_runtime.images.remove(task.spec.image)
     assert [v.verdict for v in report.tasks] == ["valid"], [v.problems for v in report.tasks]
+    assert [(v.verdict, v.tried, v.accepted) for v in audited.tasks] == [("strong", 2, [])], audited.tasks
     assert (broken.status, broken.reward) == ("ok", 0.0), broken.message
     assert (solved.status, solved.reward) == ("ok", 1.0), (solved.message, solved.log[-2000:])
     graded = {t.id: t.outcome for t in solved.tests}

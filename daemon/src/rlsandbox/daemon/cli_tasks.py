@@ -49,6 +49,39 @@ async def _validate(args: argparse.Namespace) -> int:
     return 0 if all(v.usable for v in report.tasks) else 1
 
 
+async def _audit(args: argparse.Namespace) -> int:
+    from rlsandbox.client import AsyncClient
+    from rlsandbox.daemon.grading.audit import audit, audit_table
+    from rlsandbox.daemon.grading.task import TaskError, load_tasks
+
+    try:
+        tasks = load_tasks(args.path)
+    except TaskError as e:
+        raise InvalidArgument(str(e)) from None
+    if args.concurrency < 1 or args.max_patches < 0:
+        raise InvalidArgument("--concurrency must be at least 1 and --max-patches at least 0")
+    print(f"auditing {len(tasks)} task(s) through {args.target}", file=sys.stderr)
+    done = [0]
+
+    def progress(verdict: Any) -> None:
+        done[0] += 1
+        print(f"[{done[0]}/{len(tasks)}] {verdict.task_id}: {verdict.verdict}", file=sys.stderr)
+
+    async with AsyncClient(args.target, timeout=120) as client:
+        report = await audit(client, tasks, concurrency=args.concurrency, max_patches=args.max_patches, progress=progress)
+    print(audit_table(report))
+    if args.report:
+        Path(args.report).write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
+        print(f"report: {args.report}")
+    if args.out:
+        from rlsandbox.daemon.grading.validate import write_tasks
+
+        strong = {v.task_id for v in report.tasks if v.verdict == "strong"}
+        n = write_tasks([t for t in tasks if t.id in strong], Path(args.out))
+        print(f"clean task set: {n} task(s) in {args.out}")
+    return 0 if all(v.verdict == "strong" for v in report.tasks) else 1
+
+
 async def _schema(args: argparse.Namespace) -> int:
     from rlsandbox.daemon.grading.task import json_schema
 
@@ -367,6 +400,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     v.add_argument("--report", help="write the JSON report here")
     v.add_argument("--out", help="write the cleaned task set (the valid tasks) into this folder")
     v.set_defaults(handler=_validate)
+
+    au = tasks_sub.add_parser(
+        "audit", help="grade cheap wrong patches (hunks left out, changed functions stubbed) against each task: weak tests"
+    )
+    au.add_argument("path", help="a task file (.yaml, .json, .jsonl) or a folder of task files")
+    au.add_argument("--concurrency", type=int, default=8, help="gradings at once (default 8)")
+    au.add_argument("--max-patches", type=int, default=24, help="wrong patches per task at most (default 24)")
+    au.add_argument("--target", default=DEFAULT_TARGET, help=f"daemon address (default {DEFAULT_TARGET}, or $RLSANDBOX_TARGET)")
+    au.add_argument("--report", help="write the JSON report here")
+    au.add_argument("--out", help="write the tasks no wrong patch passes into this folder")
+    au.set_defaults(handler=_audit)
 
     sc = tasks_sub.add_parser("schema", help="print the JSON Schema of the task format")
     sc.add_argument("--out", help="write it to this file instead")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import codecs
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 _HUNK = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -165,9 +165,16 @@ def apply_patch(patch: bytes, files: Mapping[str, bytes | None]) -> dict[str, tu
     Raises:
         PatchError: the patch does not apply (the message names the file).
     """
+    return apply_file_patches(parse_patch(patch), files)
+
+
+def apply_file_patches(
+    file_patches: Iterable[FilePatch], files: Mapping[str, bytes | None]
+) -> dict[str, tuple[bytes | None, int | None]]:
+    """``apply_patch`` of parsed file patches (some of a patch's hunks, say)."""
     out: dict[str, tuple[bytes | None, int | None]] = {}
     current = dict(files)
-    for fp in parse_patch(patch):
+    for fp in file_patches:
         source = fp.old_path
         before = current.get(source) if source is not None else None
         if source is not None and before is None:

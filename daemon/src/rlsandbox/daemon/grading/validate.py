@@ -281,20 +281,28 @@ def summary_table(report: ValidationReport) -> str:
 def write_cleaned(tasks: list[Task], report: ValidationReport, out: Path) -> int:
     """Write the usable tasks (flaky tests dropped when excluded) as a loadable folder."""
     verdicts = {v.task_id: v for v in report.tasks}
+    kept = []
+    for task in tasks:
+        v = verdicts[task.id]
+        if v.usable:
+            lists = {"fail_to_pass": v.kept_fail_to_pass, "pass_to_pass": v.kept_pass_to_pass}
+            ev = task.spec.evaluation.model_copy(update=lists)
+            kept.append(Task(task.spec.model_copy(update={"evaluation": ev}), task.workspace_tar))
+    return write_tasks(kept, out)
+
+
+def write_tasks(tasks: list[Task], out: Path) -> int:
+    """Write ``tasks`` as a loadable folder (``<id>/task.json`` and ``<id>/workspace.tar``)."""
     out.mkdir(parents=True, exist_ok=True)
     written = 0
     for task in tasks:
-        v = verdicts[task.id]
-        if not v.usable:
-            continue
-        ev = task.spec.evaluation.model_copy(update={"fail_to_pass": v.kept_fail_to_pass, "pass_to_pass": v.kept_pass_to_pass})
         ws = task.spec.workspace
         folder = out / task.id.replace("/", "__")
         folder.mkdir(parents=True, exist_ok=True)
         if ws.source == "bundle":
             (folder / "workspace.tar").write_bytes(task.workspace_tar)
             ws = ws.model_copy(update={"tar": "workspace.tar"})
-        spec = task.spec.model_copy(update={"evaluation": ev, "workspace": ws})
+        spec = task.spec.model_copy(update={"workspace": ws})
         (folder / "task.json").write_text(
             json.dumps(spec.model_dump(mode="json", exclude_none=True), indent=2, ensure_ascii=False) + "\n"
         )
