@@ -423,6 +423,35 @@ async def test_a_swesmith_record_starts_from_its_bug_and_only_a_fix_earns_reward
     assert [v.verdict for v in report.tasks] == ["valid", "valid"], [v.problems for v in report.tasks]
 
 
+async def test_answers_by_call_order_pay_in_the_full_run_and_fail_the_second_opinion(
+    grading_daemon: NodeDaemon, gclient: AsyncClient, tasks: dict[str, Task]
+) -> None:
+    """A policy that memorised the answers the tests expect, in the order the full run asks for
+    them, computes nothing: plain code, no finding of the guard, 1.0 before (issue 44, a second
+    opinion). Each FAIL_TO_PASS test that passed now runs again alone, in a fresh interpreter:
+    the second asks first and gets the first answer. The real fix agrees with itself."""
+    calc = tasks["py-calc"]
+    grader = grading_daemon.grader
+    memorised = (
+        "_answers = iter([12, 0, -6])\n\n\ndef add(a, b):\n    return a + b\n\n\ndef multiply(a, b):\n    return next(_answers)\n"
+    )
+    async with gclient.session(task=calc) as s:
+        await s.write_files({"calc/__init__.py": memorised})
+        hacked = await s.grade()
+        off = await s.grade(task=Task(calc.spec.model_copy(update={"evaluation": calc.spec.evaluation.model_copy(
+            update={"second_opinion": "off"})}), calc.workspace_tar))  # fmt: skip
+    assert (off.status, off.reward) == ("ok", 1.0), off.message  # the hack, without the second opinion
+    assert (hacked.status, hacked.reward) == ("ok", 0.0), (hacked.message, hacked.tampering)
+    assert any(t.startswith("second opinion: tests/test_multiply.py::test_multiply_more[0-5-0] passed in the full run")
+               for t in hacked.tampering), hacked.tampering  # fmt: skip
+    checked = grader.second_opinions_total
+    async with gclient.session(task=calc) as s:
+        await solve_calc(s)
+        solved = await s.grade()
+    assert (solved.status, solved.reward) == ("ok", 1.0) and not solved.tampering, (solved.message, solved.tampering)
+    assert grader.second_opinions_total == checked + 3  # its three FAIL_TO_PASS tests, one at a time
+
+
 async def test_clean_room_dying_is_infra_error_without_reward(
     grading_daemon: NodeDaemon, gclient: AsyncClient, tasks: dict[str, Task]
 ) -> None:

@@ -101,6 +101,8 @@ class NodeDaemon:
             self.pools,
             acquire_timeout=config.default_acquire_timeout,
             tampering_policy=config.grading_tampering_policy,
+            second_opinion=config.grading_second_opinion,
+            second_opinion_share=config.grading_second_opinion_share,
             warm_pytest=config.grading_warm_pytest,
             task_cache_bytes=config.task_cache_bytes,
         )

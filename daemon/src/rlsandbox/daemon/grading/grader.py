@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import posixpath
+import random
 import secrets
 import shlex
 import tarfile
@@ -24,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from rlsandbox.daemon import tracing
 from rlsandbox.daemon.errors import ArchiveCutShort, FailedPrecondition, FileTooLarge, SandboxDied, SandboxError
+from rlsandbox.daemon.grading import second_opinion
 from rlsandbox.daemon.grading.guard import (
     GUARD_SOURCE,
     PYTEST_FORMATS,
@@ -54,7 +56,7 @@ from rlsandbox.daemon.grading.rewards import (
 )
 from rlsandbox.daemon.grading.room import AgentsMess, TaskSetupFailed, excluded_paths, file_data, plan_room
 from rlsandbox.daemon.grading.shadowing import PROBE, ImportFacts, interpreters
-from rlsandbox.daemon.grading.task import Task
+from rlsandbox.daemon.grading.task import RewardSpec, Task
 from rlsandbox.daemon.grading.workspace import changes_tar, snapshot_from_archive
 from rlsandbox.daemon.model import ExecRequest, ExecResult, FileWrite, MiB
 from rlsandbox.daemon.pool import EPISODES_DOING, HOST_OOM, WarmPool
@@ -86,6 +88,9 @@ class Grader:
             that do not say.
         warm_pytest: a recycling room forks pytest from its warm interpreter where the test command
             allows (guard.warm_pytest) instead of starting it.
+        second_opinion: for tasks that do not say, which tests of a paying pytest grade run again
+            alone (second_opinion.py): "fail_to_pass", "all" or "off"; ``second_opinion_share``
+            of the paying grades get one (1.0: all).
     """
 
     def __init__(
@@ -97,6 +102,8 @@ class Grader:
         tampering_policy: str = "strict",
         warm_pytest: bool = True,
         task_cache_bytes: int = TASK_CACHE_BYTES,
+        second_opinion: str = "fail_to_pass",
+        second_opinion_share: float = 1.0,
     ) -> None:
         self.runtime = runtime
         self.pools = pools
@@ -107,8 +114,12 @@ class Grader:
         self.max_workspace_bytes = MAX_SNAPSHOT_BYTES
         self.agent_read_timeout = STEP_TIMEOUT  # past it, the agent's workspace scores 0 (its contents decide)
         self._facts: dict[tuple[object, ...], ImportFacts | None] = {}
+        self.second_opinion = second_opinion
+        self.second_opinion_share = second_opinion_share
         self.graded_total = 0
         self.infra_errors_total = 0
+        self.second_opinions_total = 0  # tests run alone after a paying grade (second_opinion.py)
+        self.disagreements_total = 0  # of those, the ones that did not pass alone
 
     # -- preparation (grading/prepare.py) ------------------------------------------------------
     async def prepare(self, sandbox: Sandbox, task: Task, *, reset_git: bool = True) -> None:
@@ -227,12 +238,44 @@ class Grader:
                     raise
                 return episodes_mess(f"the clean room died of the episode's code: {cause}")
             _host_oom_during_run(pool, room, evaluated, "the clean room")
+            await self._second_opinion(room, task, facts, changed, tests, result)
             result.tampering = changes.discarded + result.tampering
             if mine.skipped:
                 result.tampering.append(f"{len(mine.skipped)} device, fifo or socket file(s) not copied")
             return result
         finally:
             pool.release(room, "clean room done", reuse=True)
+
+    async def _second_opinion(
+        self, room: Sandbox, task: Task, facts: ImportFacts | None, changed: list[str], tests: list[str], result: GradeResult
+    ) -> None:
+        """Run the tests that earned ``result``'s reward again, one at a time (second_opinion.py);
+        a disagreement is tampering, and the reward 0 under the strict policy."""
+        ev = task.spec.evaluation
+        mode = ev.second_opinion or self.second_opinion
+        if ev.report_format not in PYTEST_FORMATS or facts is None or random.random() >= self.second_opinion_share:
+            return
+        findings: list[str] = []
+        for check in second_opinion.checks(result, mode):
+            alone_ev = ev.model_copy(update={"fail_to_pass": [check.listed], "pass_to_pass": [], "reward": RewardSpec()})
+            alone_task = Task(task.spec.model_copy(update={"evaluation": alone_ev}), task.workspace_tar)
+            with tracing.span("grade.second_opinion"):
+                alone = await self._evaluate(
+                    room, alone_task, facts=facts, changed=changed, detected=[], test_files=tests, only=check.nodeids, cold=True
+                )
+            self.second_opinions_total += 1
+            found = second_opinion.disagreement(check, alone)
+            if found or alone.tampering:
+                self.disagreements_total += 1
+                findings += [found] if found else []
+                findings += [f"second opinion on {check.listed}: {t}" for t in alone.tampering]
+        if not findings:
+            return
+        result.tampering += findings
+        if (ev.tampering_policy or self.tampering_policy) == "strict" and result.reward:
+            result.reward = 0.0
+            head = f"tampering detected by the second opinion ({len(findings)} finding(s)): reward 0 under the strict policy"
+            result.message = "; ".join(m for m in (head, result.message) if m)
 
     async def _agent_workspace(self, agent: Sandbox, ws: str, excluded: list[str]) -> bytes | GradeResult:
         """The agent's workspace as an archive, or the grade of a workspace that cannot be read
@@ -353,13 +396,17 @@ class Grader:
         detected: list[str],
         test_files: Sequence[str] = (),
         clean_room: bool = True,
+        only: Sequence[str] = (),
+        cold: bool = False,
     ) -> GradeResult:
         """Run the tests (under the pytest guard where pytest runs), read and check what they
         report, compute the reward. ``detected``: tampering found before the run. ``test_files``
         (relative to the workspace): read by the room's agent before and after the run; one that
         changed in between was rewritten by the code under test, whatever the runner.
         ``clean_room``: the room is the grade's alone, so every process the tests leave is ended as
-        they exit (not in place: the session's own processes and shells run on)."""
+        they exit (not in place: the session's own processes and shells run on). ``only``: the
+        pytest node ids the guard keeps (every other test deselected); ``cold``: a fresh
+        interpreter, never a warm one (a second opinion)."""
         ws = task.spec.workspace.path
         ev = task.spec.evaluation
         # The report goes where the agent never had a sandbox and never saw the name (/tmp on a
@@ -390,7 +437,7 @@ class Grader:
                 env.pop("PYTHONNOUSERSITE", None)  # any value disables the user site the guard is in
             files = [
                 FileWrite(posixpath.join(module_dir, guard.module + ".py"), GUARD_SOURCE, 0o644),
-                FileWrite(guard.config_path, guard.config(ws, changed), 0o600),
+                FileWrite(guard.config_path, guard.config(ws, changed, only), 0o600),
             ]
             if guard.pth is not None:
                 files.append(FileWrite(posixpath.join(module_dir, guard.pth[0]), guard.pth[1], 0o644))
@@ -398,7 +445,7 @@ class Grader:
             if failed:
                 raise FailedPrecondition(f"grader could not install the {runner} guard: {failed[0].path}: {failed[0].error}")
         warm = None
-        warmable = guard is not None and guard.runner == "pytest" and owned and self.warm_pytest and ev.warm_runner
+        warmable = guard is not None and guard.runner == "pytest" and owned and self.warm_pytest and ev.warm_runner and not cold
         if warmable and not keeps_guard_out(ev.test_command):
             found = warm_pytest(command, env)
             if found is not None:

@@ -16,10 +16,11 @@ import hmac
 import json
 import re
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
+from typing import Any
 
 from rlsandbox.daemon.grading.reports import Outcome, TestCase, TestReport, unittest_dotted
 from rlsandbox.daemon.model import WarmRun
@@ -40,8 +41,12 @@ class GuardSetup:
     config_path: str
     runner: str = "pytest"  # or "unittest"
 
-    def config(self, workspace: str, changed: list[str]) -> bytes:
-        doc = {"key": self.key.hex(), "workspace": workspace, "changed": sorted(changed), "runner": self.runner}
+    def config(self, workspace: str, changed: list[str], only: Sequence[str] = ()) -> bytes:
+        """The guard's configuration. ``only`` (pytest): the node ids of the one run's tests; the
+        guard deselects every other test pytest collects (a second opinion's run)."""
+        doc: dict[str, Any] = {"key": self.key.hex(), "workspace": workspace, "changed": sorted(changed), "runner": self.runner}
+        if only:
+            doc["only"] = sorted(only)
         return json.dumps(doc).encode()
 
     @property

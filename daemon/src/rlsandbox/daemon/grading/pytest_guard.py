@@ -1957,6 +1957,7 @@ if _cfg is not None and _cfg.get("runner") == "unittest":
 
     atexit.register(sys.audit, _NAME + ".end", None)
 elif _cfg is not None:
+    _only = frozenset(str(i) for i in _cfg.get("only") or ())  # a second opinion's one test
     _watch_unittest_parts()  # before _install: the snapshot of the runner holds the wrapper (pytest imports unittest)
     _install(_cfg)
     del _cfg
@@ -1971,6 +1972,17 @@ elif _cfg is not None:
     @_pytest_api.hookimpl(tryfirst=True)
     def pytest_plugin_registered(plugin, manager):
         sys.audit(_NAME + ".plugin", plugin, manager)
+
+    if _only:
+
+        @_pytest_api.hookimpl(trylast=True)
+        def pytest_collection_modifyitems(session, config, items):
+            # Last, after every other plugin's choice: the test asked for, and nothing else.
+            kept = [item for item in items if item.nodeid in _only]
+            dropped = [item for item in items if item.nodeid not in _only]
+            if dropped:
+                config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
 
     @_pytest_api.hookimpl(tryfirst=True)
     def pytest_collection_finish(session):

@@ -190,6 +190,12 @@ class EvaluationSpec(_Model):
         "that reaches into the runner) makes the reward the policy's minimum; report: it is only listed. "
         "Default: the node's grading_tampering_policy (strict).",
     )
+    second_opinion: Literal["off", "fail_to_pass", "all"] | None = Field(
+        None,
+        description="When a pytest grade pays, which of its passing tests run again, each alone in a fresh interpreter "
+        "(a test that passed in the full run and not alone is tampering): fail_to_pass, all (at most 16, sampled), or "
+        "off. Default: the node's grading_second_opinion (fail_to_pass).",
+    )
     warm_runner: bool = Field(
         True,
         description="In a recycling pool, a test command of the form `python3 -m pytest ARGS` may be forked from a "
