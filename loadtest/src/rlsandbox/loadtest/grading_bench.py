@@ -8,6 +8,8 @@ pytest project, hidden tests, 5 graded tests), each phase started on a settled n
 - baseline: the same pytest command run directly in the agent's sandbox (Exec);
 - Evaluate in place (hidden tests added to the agent's sandbox, tests run there);
 - Evaluate in a clean room (the default), acquire of the clean-room sandbox included;
+- Evaluate in a clean room of a solved workspace (a paying grade), with and without the second
+  opinion (each FAIL_TO_PASS test run again alone: grading/second_opinion.py), interleaved;
 - validation of the sample tasks (`rlsandbox tasks validate` logic), in tasks per minute.
 """
 
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rlsandbox.client import AsyncClient
-from rlsandbox.daemon.grading.task import load_tasks
+from rlsandbox.daemon.grading.task import Task, load_tasks
 from rlsandbox.daemon.grading.validate import validate
 from rlsandbox.loadtest.foundation import timed_sequential
 from rlsandbox.loadtest.node import daemon_process, wait_quiet, wait_ready
@@ -71,6 +73,25 @@ async def bench(samples: int, runs: int, tasks_dir: Path = DEFAULT_TASKS) -> dic
                 clean.append(time.perf_counter() - t0)
                 assert r.status == "ok" and r.reward == 0.0, r
             results["evaluate_clean_room"] = summary_ms(clean)
+        # A paying grade, with the second opinion and without it, interleaved (same node, same minute).
+        solved = calc.spec.gold_patch or ""
+        without = Task(
+            calc.spec.model_copy(update={"evaluation": calc.spec.evaluation.model_copy(update={"second_opinion": "off"})}),
+            calc.workspace_tar,
+        )
+        async with client.session(task=calc) as s:
+            applied = await s.exec(["git", "apply", "-"], stdin=solved.encode())
+            assert applied.exit_code == 0, applied.stderr
+            paying: dict[str, list[float]] = {"with": [], "without": []}
+            for _ in range(samples):
+                for name, task in (("with", calc), ("without", without)):
+                    await wait_quiet(client)
+                    t0 = time.perf_counter()
+                    r = await s.grade(task=task)
+                    paying[name].append(time.perf_counter() - t0)
+                    assert r.status == "ok" and r.reward == 1.0, r
+            results["evaluate_paying_second_opinion"] = summary_ms(paying["with"])
+            results["evaluate_paying_no_second_opinion"] = summary_ms(paying["without"])
         # Validation: the sample tasks, `runs` runs of each patch, 8 gradings at once.
         await wait_quiet(client)
         report = await validate(client, list(tasks.values()), runs=runs, concurrency=8)
@@ -87,6 +108,9 @@ async def bench(samples: int, runs: int, tasks_dir: Path = DEFAULT_TASKS) -> dic
     base = results["pytest_direct"]["p50"]
     results["ratio_clean_room_over_pytest_p50"] = results["evaluate_clean_room"]["p50"] / base
     results["ratio_in_place_over_pytest_p50"] = results["evaluate_in_place"]["p50"] / base
+    results["ratio_second_opinion_p50"] = (
+        results["evaluate_paying_second_opinion"]["p50"] / results["evaluate_paying_no_second_opinion"]["p50"]
+    )
     results["machine"] = machine()
     return results
 
@@ -96,13 +120,16 @@ def render(r: dict[str, Any]) -> str:
         ("pytest run directly in the session (Exec), the baseline", r["pytest_direct"]),
         ("Evaluate, in place", r["evaluate_in_place"]),
         ("Evaluate, clean room (acquire included)", r["evaluate_clean_room"]),
+        ("Evaluate, clean room, a paying grade, no second opinion", r["evaluate_paying_no_second_opinion"]),
+        ("Evaluate, clean room, a paying grade, second opinion (3 tests alone)", r["evaluate_paying_second_opinion"]),
     ]
     v = r["validation"]
     lines = latency_table(rows, digits=0)
     lines += [
         "",
         f"- clean room / baseline p50: {r['ratio_clean_room_over_pytest_p50']:.2f}x; "
-        f"in place / baseline p50: {r['ratio_in_place_over_pytest_p50']:.2f}x",
+        f"in place / baseline p50: {r['ratio_in_place_over_pytest_p50']:.2f}x; second opinion / none, "
+        f"paying grade p50: {r['ratio_second_opinion_p50']:.2f}x",
         f"- validation of {v['tasks']} sample tasks, {v['runs']} runs per patch ({v['gradings']} gradings, 8 at once): "
         f"{v['seconds']:.1f} s, {v['tasks_per_minute']:.1f} tasks/min, {v['gradings_per_minute']:.0f} gradings/min; "
         f"verdicts {', '.join(f'{k} {n}' for k, n in v['verdicts'].items() if n)}",
