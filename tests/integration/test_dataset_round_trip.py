@@ -23,6 +23,7 @@ from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.grading.audit import audit
 from rlsandbox.daemon.grading.task import load_tasks
 from rlsandbox.daemon.grading.validate import validate
+from rlsandbox.daemon.images.environments import build_environment
 from rlsandbox.daemon.runtime.docker import DockerRuntime
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -32,31 +33,43 @@ RECORD = "marshmallow-code__marshmallow-1359"
 pytestmark = pytest.mark.skipif(not DATASETS.is_dir(), reason=f"no shared dataset records beside the checkout ({DATASETS})")
 
 
-def clone_of_the_release(tmp_path: Path) -> tuple[Path, str]:
-    """A git clone whose one commit is marshmallow 3.0.0's source tree."""
-    archives = sorted((FIXTURES / "sdists").glob("marshmallow-3.0.0.tar.gz"))
-    assert archives, f"no marshmallow sdist in {FIXTURES}: run bash scripts/test_fixtures.sh"
-    with tarfile.open(archives[0]) as tar:
-        tar.extractall(tmp_path, filter="data")
-    repo = tmp_path / "marshmallow-3.0.0"
+def clone_of_the_releases(tmp_path: Path, *versions: str) -> tuple[Path, list[str]]:
+    """A git clone whose commits are the source trees of marshmallow's ``versions``, in order
+    (a history built from successive releases: real code, real tests, real changes)."""
+    repo = tmp_path / "marshmallow"
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "marshmallow 3.0.0"], check=True)
-    return repo, subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    commits = []
+    for version in versions:
+        archive = FIXTURES / "sdists" / f"marshmallow-{version}.tar.gz"
+        assert archive.is_file(), f"no {archive.name} in {FIXTURES}: run bash scripts/test_fixtures.sh"
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp_path, filter="data")
+        if not repo.exists():
+            (tmp_path / f"marshmallow-{version}").rename(repo)
+            subprocess.run([*git, "init", "-q"], check=True)
+        else:
+            subprocess.run(["rm", "-rf", *(str(p) for p in repo.iterdir() if p.name != ".git")], check=True)
+            for item in (tmp_path / f"marshmallow-{version}").iterdir():
+                item.rename(repo / item.name)
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-qm", f"marshmallow {version}"], check=True)
+        commits.append(subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip())
+    return repo, commits
+
+
+REQUIREMENTS = ["pytz", "simplejson", "python-dateutil", "setuptools<70"]  # setuptools: distutils, which it imports
 
 
 async def test_a_swebench_lite_record_round_trips(docker_runtime: DockerRuntime, tmp_path: Path) -> None:
     record = next(r for r in read_records(DATASETS / "swe-bench" / "SWE-bench_Lite-dev.parquet") if r["instance_id"] == RECORD)
-    repo, commit = clone_of_the_release(tmp_path)
+    repo, [commit] = clone_of_the_releases(tmp_path, "3.0.0")
     # The one field the clone changes: its commit id is not upstream's (the tree is the release's).
     (tmp_path / "in.jsonl").write_text(json.dumps({**record, "base_commit": commit}) + "\n")
     imported, built = tmp_path / "tasks.jsonl", tmp_path / "out" / "tasks.jsonl"
     built.parent.mkdir()
     argv = ["tasks", "import-swebench", str(tmp_path / "in.jsonl"), "--pool", "python", "--repo", str(repo)]
     assert await asyncio.to_thread(cli.main, [*argv, "--env", "PYTHONPATH=src", "--out", str(imported)]) == 0
-    build = ["tasks", "build-env", str(imported), "--requirement", "pytz", "--requirement", "simplejson",
-             "--requirement", "python-dateutil", "--requirement", "setuptools<70",  # distutils, which it imports
+    build = ["tasks", "build-env", str(imported), *(a for r in REQUIREMENTS for a in ("--requirement", r)),
              "--wheelhouse", str(FIXTURES / "wheels"), "--offline", "--out", str(built)]  # fmt: skip
     assert await asyncio.to_thread(cli.main, build) == 0
     task = load_tasks(built)[0]
@@ -92,3 +105,35 @@ async def test_a_swebench_lite_record_round_trips(docker_runtime: DockerRuntime,
     cut = "tests/test_fields.py::TestErrorMessages::test_make_error[required-Missing"
     assert graded[cut] == "passed" and "cut at the first space" in solved.message, solved.message
     assert not solved.tampering, solved.tampering
+
+
+async def test_mining_two_releases_finds_the_records_test(docker_runtime: DockerRuntime, tmp_path: Path) -> None:
+    """`tasks mine` on a history of two releases (marshmallow 3.0.0, then 3.0.1): the commit
+    changes code and tests, its tests run twice before and after in clean rooms, and the one test
+    that fails before and passes after is the one SWE-bench Lite lists for the fix inside that
+    release (marshmallow-1359); the packaging metadata that changed with the release (its
+    *.egg-info) is not part of the gold patch. The mined task validates."""
+    record = next(
+        r for r in read_records(DATASETS / "swe-bench" / "SWE-bench_Lite-dev.sample.jsonl") if r["instance_id"] == RECORD
+    )
+    repo, commits = clone_of_the_releases(tmp_path, "3.0.0", "3.0.1")
+    env = await build_environment(docker_runtime, "marshmallow", REQUIREMENTS, wheelhouse=FIXTURES / "wheels", offline=True)
+    try:
+        template = PoolConfig(name="envs", image="rlsandbox-env/*", min_ready=0, max_total=8)
+        config = daemon_config(pools=[], image_pools={"templates": [template], "idle_evict": 1.0})
+        async with running_daemon(config) as node, AsyncClient(node.address, timeout=180) as client:
+            argv = ["tasks", "mine", "--repo", str(repo), "--image", env.tag, "--env", "PYTHONPATH=src", "--runs", "2",
+                    "--target", node.address, "--out", str(tmp_path / "mined")]  # fmt: skip
+            assert await asyncio.to_thread(cli.main, argv) == 0
+            [task] = load_tasks(tmp_path / "mined")
+            report = await validate(client, [task], runs=1, concurrency=2)
+    finally:
+        await docker_runtime.images.remove(env.tag)
+    ev = task.spec.evaluation
+    assert task.spec.metadata["commit"] == commits[1] and task.spec.metadata["base_commit"] == commits[0]
+    assert ev.fail_to_pass == json.loads(record["FAIL_TO_PASS"])  # the record's own, found by running
+    assert {t.split(" ")[0] for t in ev.pass_to_pass} >= set(json.loads(record["PASS_TO_PASS"]))
+    assert task.spec.gold_patch and "src/marshmallow/fields.py" in task.spec.gold_patch
+    assert "egg-info" not in task.spec.gold_patch and "tests/test_fields.py" in (ev.test_patch or "")
+    assert task.spec.problem_statement == "marshmallow 3.0.1"
+    assert [v.verdict for v in report.tasks] == ["valid"], [v.problems for v in report.tasks]

@@ -82,6 +82,42 @@ async def _audit(args: argparse.Namespace) -> int:
     return 0 if all(v.verdict == "strong" for v in report.tasks) else 1
 
 
+async def _mine(args: argparse.Namespace) -> int:
+    import time
+
+    from rlsandbox.client import AsyncClient
+    from rlsandbox.daemon.grading.mine import MiningError, candidates, mine
+    from rlsandbox.daemon.grading.validate import write_tasks
+
+    repo = Path(args.repo)
+    if not (repo / ".git").exists():
+        raise InvalidArgument(f"--repo {repo}: not a git clone (no .git)")
+    try:
+        found = candidates(repo, args.revisions, args.max_commits)
+    except MiningError as e:
+        raise InvalidArgument(str(e)) from None
+    print(f"{len(found)} commit(s) change code and tests; running their tests {args.runs} time(s) each side", file=sys.stderr)
+    started = time.monotonic()
+
+    def progress(m: Any) -> None:
+        said = f"a task, {len(m.task.spec.evaluation.fail_to_pass)} FAIL_TO_PASS" if m.task else m.reason
+        print(f"{m.commit[:12]}: {said}", file=sys.stderr)
+
+    env = dict(_key_value(kv) for kv in args.env or [])
+    async with AsyncClient(args.target, timeout=300) as client:
+        mined = await mine(
+            client, repo, pool=args.pool or "", image=args.image or "", revisions=args.revisions,
+            max_count=args.max_commits, runs=args.runs,
+            concurrency=args.concurrency, workspace_path=args.workspace, env=env,
+            **({"test_command": args.test_command} if args.test_command else {}),
+        )  # fmt: skip
+    tasks = [m.task for m in mined if m.task is not None]
+    written = write_tasks(tasks, Path(args.out))
+    hours = (time.monotonic() - started) / 3600
+    print(f"{written} task(s) from {len(found)} commit(s) in {args.out} ({written / hours:.0f} tasks/hour)")
+    return 0
+
+
 async def _schema(args: argparse.Namespace) -> int:
     from rlsandbox.daemon.grading.task import json_schema
 
@@ -411,6 +447,24 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     au.add_argument("--report", help="write the JSON report here")
     au.add_argument("--out", help="write the tasks no wrong patch passes into this folder")
     au.set_defaults(handler=_audit)
+
+    mi = tasks_sub.add_parser(
+        "mine", help="tasks from a repository's history: commits that change code and tests, their tests run before and after"
+    )
+    mi.add_argument("--repo", required=True, help="a local git clone")
+    where = mi.add_mutually_exclusive_group(required=True)
+    where.add_argument("--pool", help="the pool whose image has what the tests need (python: pytest only)")
+    where.add_argument("--image", help="an image with what the tests need (tasks build-env's), a pool made on demand")
+    mi.add_argument("--revisions", default="HEAD", help="what git rev-list walks (default HEAD; A..B for a range)")
+    mi.add_argument("--max-commits", type=int, default=100, help="commits looked at, newest first (default 100)")
+    mi.add_argument("--runs", type=int, default=2, help="runs of each side, for flaky tests (default 2)")
+    mi.add_argument("--concurrency", type=int, default=4, help="gradings at once (default 4)")
+    mi.add_argument("--workspace", default="/workspace", help="where the workspace goes in the sandbox (default /workspace)")
+    mi.add_argument("--env", action="append", metavar="KEY=VALUE", help="environment of the tests and the episode; repeat")
+    mi.add_argument("--test-command", default=None, help="the test command ({test_files}: the commit's test files)")
+    mi.add_argument("--target", default=DEFAULT_TARGET, help=f"daemon address (default {DEFAULT_TARGET}, or $RLSANDBOX_TARGET)")
+    mi.add_argument("--out", required=True, help="the folder the tasks are written to (loadable, like validate --out)")
+    mi.set_defaults(handler=_mine)
 
     sc = tasks_sub.add_parser("schema", help="print the JSON Schema of the task format")
     sc.add_argument("--out", help="write it to this file instead")
