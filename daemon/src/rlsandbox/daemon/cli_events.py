@@ -18,6 +18,8 @@ DB_HELP = f"a SQLite file, or a postgresql:// URL that several aggregators share
 
 
 async def _aggregator(args: argparse.Namespace) -> int:
+    from rlsandbox.daemon.errors import InvalidArgument
+    from rlsandbox.daemon.events import access
     from rlsandbox.daemon.events.aggregator import Aggregator
     from rlsandbox.daemon.events.anomalies import AnomalyRules
     from rlsandbox.daemon.events.connection import NatsAuth
@@ -31,7 +33,14 @@ async def _aggregator(args: argparse.Namespace) -> int:
         tls_ca=args.nats_tls_ca,
     )
     rules = AnomalyRules(window=args.anomaly_window, min_gradings=args.anomaly_min_gradings)
-    agg = Aggregator(args.nats, args.db, durable=args.durable, http=args.http or None, auth=auth, anomaly_rules=rules)
+    try:
+        token = access.read_token(args.http_token_file) if args.http_token_file else None
+        agg = Aggregator(
+            args.nats, args.db, durable=args.durable, http=args.http or None, http_token=token,
+            http_hosts=tuple(args.http_host or ()), auth=auth, anomaly_rules=rules,
+        )  # fmt: skip
+    except access.AccessError as e:
+        raise InvalidArgument(str(e)) from None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agg.stop)
@@ -133,6 +142,18 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     agg.add_argument("--db", default=os.environ.get(DB_ENV, DEFAULT_DB), help=DB_HELP)
     agg.add_argument(
         "--http", default="127.0.0.1:7421", help="HTTP query API, dashboard (/) and metrics (/metrics) address ('' to disable)"
+    )
+    agg.add_argument(
+        "--http-token-file",
+        default=None,
+        help="a file holding the token the HTTP side asks for (required beyond loopback): Authorization: Bearer, or "
+        "the dashboard opened once with ?token=",
+    )
+    agg.add_argument(
+        "--http-host",
+        action="append",
+        metavar="NAME",
+        help="a name the HTTP side answers to (Host header), besides its own; repeat",
     )
     agg.add_argument("--anomaly-window", type=float, default=60.0, help="seconds per window of the reward anomaly checks")
     agg.add_argument(

@@ -25,6 +25,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from rlsandbox.daemon.errors import Unavailable
+from rlsandbox.daemon.events import access
 from rlsandbox.daemon.events.anomalies import AnomalyRules, judge, windows_to_judge
 from rlsandbox.daemon.events.connection import NatsAuth, servers
 from rlsandbox.daemon.events.model import CONSUMER, STREAM, SUBJECT_ROOT
@@ -51,6 +52,8 @@ class Aggregator:
         stream: str = STREAM,
         batch: int = 1000,
         http: str | None = None,
+        http_token: str | None = None,
+        http_hosts: tuple[str, ...] = (),
         auth: NatsAuth | None = None,
         anomaly_rules: AnomalyRules | None = None,
     ) -> None:
@@ -61,6 +64,8 @@ class Aggregator:
         self.stream = stream
         self.batch = batch
         self.http = http
+        # Checked here, before anything starts: beyond loopback without a token is refused.
+        self._access = access.middleware(http, token=http_token, hosts=http_hosts) if http else None
         self.http_port: int | None = None
         self.applied_total = 0
         self.duplicates_total = 0
@@ -236,7 +241,8 @@ class Aggregator:
 
     async def _start_http(self, listen: str) -> None:
         host, _, port = listen.rpartition(":")
-        self._runner = web.AppRunner(web_app(self), access_log=None, shutdown_timeout=2.0)
+        middlewares = [self._access] if self._access is not None else []
+        self._runner = web.AppRunner(web_app(self, middlewares), access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host or "127.0.0.1", int(port))
         await site.start()

@@ -136,7 +136,7 @@ class _StoreCollector(Collector):
         yield from (gradings, reward, rewarded, tampered, alerts, nodes)
 
 
-def app(agg: Aggregator) -> web.Application:
+def app(agg: Aggregator, middlewares: list[Any] | None = None) -> web.Application:
     store = agg.store
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_StoreCollector(agg))
@@ -234,7 +234,7 @@ def app(agg: Aggregator) -> web.Application:
     async def index(_: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC / "index.html")
 
-    application = web.Application()
+    application = web.Application(middlewares=middlewares or [])
     application.add_routes(
         [
             web.get("/", index),
