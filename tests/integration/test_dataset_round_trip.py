@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from rlsandbox.daemon import cli
 from rlsandbox.daemon.cli_tasks import read_records
 from rlsandbox.daemon.config import PoolConfig
 from rlsandbox.daemon.grading.audit import audit
+from rlsandbox.daemon.grading.mine import history_from_archives
 from rlsandbox.daemon.grading.task import load_tasks
 from rlsandbox.daemon.grading.validate import validate
 from rlsandbox.daemon.images.environments import build_environment
@@ -36,25 +35,10 @@ pytestmark = pytest.mark.skipif(not DATASETS.is_dir(), reason=f"no shared datase
 def clone_of_the_releases(tmp_path: Path, *versions: str) -> tuple[Path, list[str]]:
     """A git clone whose commits are the source trees of marshmallow's ``versions``, in order
     (a history built from successive releases: real code, real tests, real changes)."""
+    archives = [FIXTURES / "sdists" / f"marshmallow-{v}.tar.gz" for v in versions]
+    assert all(a.is_file() for a in archives), f"no marshmallow sdists in {FIXTURES}: run bash scripts/test_fixtures.sh"
     repo = tmp_path / "marshmallow"
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
-    commits = []
-    for version in versions:
-        archive = FIXTURES / "sdists" / f"marshmallow-{version}.tar.gz"
-        assert archive.is_file(), f"no {archive.name} in {FIXTURES}: run bash scripts/test_fixtures.sh"
-        with tarfile.open(archive) as tar:
-            tar.extractall(tmp_path, filter="data")
-        if not repo.exists():
-            (tmp_path / f"marshmallow-{version}").rename(repo)
-            subprocess.run([*git, "init", "-q"], check=True)
-        else:
-            subprocess.run(["rm", "-rf", *(str(p) for p in repo.iterdir() if p.name != ".git")], check=True)
-            for item in (tmp_path / f"marshmallow-{version}").iterdir():
-                item.rename(repo / item.name)
-        subprocess.run([*git, "add", "-A"], check=True)
-        subprocess.run([*git, "commit", "-qm", f"marshmallow {version}"], check=True)
-        commits.append(subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip())
-    return repo, commits
+    return repo, history_from_archives(archives, repo)
 
 
 REQUIREMENTS = ["pytz", "simplejson", "python-dateutil", "setuptools<70"]  # setuptools: distutils, which it imports
@@ -135,5 +119,5 @@ async def test_mining_two_releases_finds_the_records_test(docker_runtime: Docker
     assert {t.split(" ")[0] for t in ev.pass_to_pass} >= set(json.loads(record["PASS_TO_PASS"]))
     assert task.spec.gold_patch and "src/marshmallow/fields.py" in task.spec.gold_patch
     assert "egg-info" not in task.spec.gold_patch and "tests/test_fields.py" in (ev.test_patch or "")
-    assert task.spec.problem_statement == "marshmallow 3.0.1"
+    assert task.spec.problem_statement == "marshmallow-3.0.1"
     assert [v.verdict for v in report.tasks] == ["valid"], [v.problems for v in report.tasks]

@@ -108,6 +108,37 @@ def _exists(repo: Path, commit: str, path: str) -> bool:
     return subprocess.run(["git", "-C", str(repo), "cat-file", "-e", f"{commit}:{path}"], capture_output=True).returncode == 0
 
 
+def history_from_archives(archives: list[Path], repo: Path) -> list[str]:
+    """A git history whose commits are the trees of ``archives`` (source archives of successive
+    releases, ``.tar.gz`` with one top folder each, as PyPI's sdists are), one commit per archive
+    with the message ``<top folder>``; returns the commit ids. Real code, real tests, real changes,
+    where a project's own repository cannot be had."""
+    import shutil
+    import tarfile
+    import tempfile
+
+    repo.mkdir(parents=True, exist_ok=False)
+    _git(repo, "init", "-q")
+    commits = []
+    for archive in archives:
+        with tempfile.TemporaryDirectory() as tmp, tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+            [top] = list(Path(tmp).iterdir())
+            for old in repo.iterdir():
+                if old.name == ".git":
+                    continue
+                if old.is_dir() and not old.is_symlink():
+                    shutil.rmtree(old)
+                else:
+                    old.unlink()
+            for item in top.iterdir():
+                shutil.move(str(item), repo / item.name)
+            _git(repo, "add", "-A")
+            _git(repo, "-c", "user.name=rlsandbox", "-c", "user.email=rlsandbox@localhost", "commit", "-qm", top.name)
+        commits.append(_git(repo, "rev-parse", "HEAD").decode().strip())
+    return commits
+
+
 @dataclass
 class Mined:
     commit: str
@@ -198,4 +229,4 @@ async def mine(
     return list(await asyncio.gather(*(reported(c) for c in candidates(repo, revisions, max_count))))
 
 
-__all__ = ["Candidate", "Mined", "MiningError", "candidates", "is_test_file", "mine", "tests_of"]
+__all__ = ["Candidate", "Mined", "MiningError", "candidates", "history_from_archives", "is_test_file", "mine", "tests_of"]
