@@ -204,8 +204,15 @@ async def mine(
 
     async def one(c: Candidate) -> Mined:
         try:
-            task = _task(
-                repo, c, pool=pool, image=image, workspace_path=workspace_path, test_command=test_command, env=dict(env or {})
+            task = await asyncio.to_thread(  # git runs: off the event loop
+                _task,
+                repo,
+                c,
+                pool=pool,
+                image=image,
+                workspace_path=workspace_path,
+                test_command=test_command,
+                env=dict(env or {}),
             )
         except MiningError as e:
             return Mined(c.commit, None, str(e))
@@ -226,7 +233,8 @@ async def mine(
             progress(found)
         return found
 
-    return list(await asyncio.gather(*(reported(c) for c in candidates(repo, revisions, max_count))))
+    found = await asyncio.to_thread(candidates, repo, revisions, max_count)
+    return list(await asyncio.gather(*(reported(c) for c in found)))
 
 
 __all__ = ["Candidate", "Mined", "MiningError", "candidates", "history_from_archives", "is_test_file", "mine", "tests_of"]
