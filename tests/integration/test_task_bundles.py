@@ -67,3 +67,28 @@ async def test_a_pushed_task_is_fetched_once_per_node_and_checked(
         with pytest.raises(FailedPreconditionError, match="holds other content"):
             await client.create_session(task=TaskRef(forged))
         assert not node.sessions.sessions
+
+
+async def test_a_ref_squatted_before_the_push_is_replaced_not_taken(nats_server: NatsServer) -> None:
+    """Anyone who can write to the bucket can compute a task's ref and put junk under it first:
+    `tasks push` said "already stored" and every session by that ref failed for good. The push
+    reads what is there back and checks it by content: junk is replaced (issue 46)."""
+    from rlsandbox.daemon.session.prefetch import task_ref
+
+    ref = task_ref(load_tasks(TASK)[0])
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        try:
+            store = await js.object_store(BUCKET)
+        except Exception:
+            store = await js.create_object_store(BUCKET)
+        await store.put(ref, b"junk, squatting the ref")
+        [pushed] = await asyncio.to_thread(push, nats_server.url)
+        assert pushed["ref"] == ref and pushed["stored"] is True  # replaced, not "already there"
+        data = bytes((await store.get(ref)).data or b"")
+        assert data == pack(load_tasks(TASK)[0])
+        [again] = await asyncio.to_thread(push, nats_server.url)
+        assert again["stored"] is False  # now it is the task's
+    finally:
+        await nc.close()

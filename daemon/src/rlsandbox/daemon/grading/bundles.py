@@ -60,13 +60,21 @@ def unpack(data: bytes, ref: str) -> Task:
 
 
 async def push(js: Any, task: Task) -> tuple[str, bool]:
-    """Store ``task`` under its ref unless it is there already: (ref, stored now)."""
+    """Store ``task`` under its ref unless it is there already: (ref, stored now). What is there
+    is read back and checked by content, as a node would (``unpack``): an object someone put under
+    the ref first (anyone who can write to the bucket can squat a ref it can compute) is
+    replaced, and logged, never taken for the task."""
     store = await _bucket(js, create=True)
     ref = task_ref(task)
     with contextlib.suppress(nats.js.errors.ObjectNotFoundError, nats.js.errors.NotFoundError):
         info = await store.get_info(ref)
         if info is not None and not getattr(info, "deleted", False):
-            return ref, False
+            found = bytes((await store.get(ref)).data or b"")
+            try:
+                await asyncio.to_thread(unpack, found, ref)
+                return ref, False
+            except FailedPrecondition as e:
+                log.warning("task bundle %s: the object store held other content under its ref (%s); replacing it", ref, e)
     await store.put(ref, pack(task))
     return ref, True
 
