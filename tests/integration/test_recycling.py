@@ -148,6 +148,33 @@ async def test_the_next_episode_finds_nothing_the_previous_one_left(node: NodeDa
         assert stats.recycled_total >= 1 and stats.recycle_failures_total == 0
 
 
+WORKDIR_STATE = (
+    "import os\nst = os.stat('/workspace')\n"
+    "print(oct(st.st_mode & 0o7777), sorted(n for n in os.listxattr('/workspace') if not n.startswith('security.')))\n"
+)
+
+
+async def test_the_next_episode_gets_the_workdir_as_it_was_made(node: NodeDaemon) -> None:
+    """The episode's user owns the workdir: it emptied fine, but its mode and extended attributes
+    (an ACL is one) stayed for the next episode (issue 46). A reset puts them back as the sandbox
+    started and checks them; a sandbox where it cannot is destroyed."""
+    async with AsyncClient(node.address, timeout=60) as client:
+        first = await client.create_session("recycled")
+        container = await _container(first)
+        made = (await first.exec(["python3", "-c", WORKDIR_STATE])).stdout_text
+        changed = await first.exec(
+            ["python3", "-c", "import os\nos.chmod('/workspace', 0o777)\n"
+             "try:\n    os.setxattr('/workspace', 'user.rlsandbox-planted', b'x')\n"
+             "except OSError as e:\n    print('no xattr', e)\n" + WORKDIR_STATE]
+        )  # fmt: skip
+        assert changed.exit_code == 0 and "0o777" in changed.stdout_text, changed.stdout_text + changed.stderr_text
+        await first.close()
+        second = await client.create_session("recycled", acquire_timeout=30)
+        assert await _container(second) == container
+        assert (await second.exec(["python3", "-c", WORKDIR_STATE])).stdout_text == made
+        await second.close()
+
+
 async def test_a_sandbox_is_destroyed_after_max_reuses(node: NodeDaemon) -> None:
     async with AsyncClient(node.address, timeout=60) as client:
         seen = []

@@ -1422,6 +1422,11 @@ class Agent(object):
                 return {"ok": False, "why": "cannot empty %s: %s" % (place, why), "checks": checks}
         uid, gid = _OWNER[0]
         os.chown(_BASELINE[1], uid, gid, follow_symlinks=False)
+        # The workdir itself is the episode's user's: its mode and extended attributes (an ACL is
+        # one) go back to what the sandbox started with, and are checked.
+        why = _restore_folder(_BASELINE[1], _BASELINE[2])
+        if why:
+            return {"ok": False, "why": "the workdir %s" % why, "checks": checks}
         checks.append("wiped")
         # 4. Nothing else changed, nothing else is writable.
         if mounts.get("/", (True, ""))[0]:
@@ -2266,6 +2271,44 @@ def _empty(place):
     return "left: %s" % left[:5] if left else ""
 
 
+def _folder_state(path):
+    """A folder's mode bits and extended attributes (name -> value), as a reset restores them."""
+    st = os.lstat(path)
+    return stat_mod.S_IMODE(st.st_mode), _xattrs(path)
+
+
+def _xattrs(path):
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError:
+        return {}  # a filesystem without extended attributes
+    found = {}
+    for name in names:
+        try:
+            found[name] = os.getxattr(path, name, follow_symlinks=False)
+        except OSError:
+            continue
+    return found
+
+
+def _restore_folder(path, state):
+    """Put a folder's mode and extended attributes back to ``state``; what still differs, or ''."""
+    mode, xattrs = state
+    try:
+        os.chmod(path, mode)  # the workdir is a mount point: the episode cannot put a symlink in its place
+        for name, value in _xattrs(path).items():
+            if xattrs.get(name) != value:
+                if name in xattrs:
+                    os.setxattr(path, name, xattrs[name], follow_symlinks=False)
+                else:
+                    os.removexattr(path, name, follow_symlinks=False)
+    except OSError as e:
+        return "cannot be restored: %s" % (e.strerror or e)
+    if _folder_state(path) != state:
+        return "differs from the sandbox's start after its restore"
+    return ""
+
+
 def _other_writable(mounts, wiped, uid, gid):
     """A read-write mount outside the wiped places that the episode's user could write, or ''.
 
@@ -2470,7 +2513,7 @@ def main(argv=None):
         argv = argv[2:]
         workdir = os.getcwd()
         os.chown(workdir, _OWNER[0][0], _OWNER[0][1], follow_symlinks=False)
-        _BASELINE.extend([_mountinfo(), workdir])
+        _BASELINE.extend([_mountinfo(), workdir, _folder_state(workdir)])
         _allow_user_ids()
     if argv[:1] == ["--socket"] and len(argv) == 2:
         listener = listen_unix(argv[1])
