@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rlsandbox.client import SandboxRPCError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -92,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         return uvloop.run(handler(args))
     except SandboxError as e:
         print(f"rlsandbox: {e}", file=sys.stderr)
+        return 2
+    except SandboxRPCError as e:  # a daemon the command asked: one line, what it said (not a traceback)
+        print(f"rlsandbox: {getattr(args, 'target', 'the daemon')}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

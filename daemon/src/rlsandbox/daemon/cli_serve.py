@@ -267,13 +267,22 @@ async def _drain(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
-    from rlsandbox.client import AsyncClient
+    from rlsandbox.client import AsyncClient, SandboxRPCError
 
     async with AsyncClient(args.target, timeout=10) as client:
         previous = None
         shown = 0
         while True:
-            st = await client.node_status()
+            try:
+                st = await client.node_status()
+            except SandboxRPCError as e:
+                if not args.watch:
+                    raise
+                # A live view rides through a restart of the daemon: it says so, and asks again.
+                print(f"{args.target}: not answering ({type(e).__name__}: {str(e)[:200]}); asking again", flush=True)
+                previous = None
+                await asyncio.sleep(args.watch)
+                continue
             now = time.monotonic()
             frame = render_status(st, previous)
             if args.watch and sys.stdout.isatty():
@@ -339,8 +348,10 @@ def add_commands(sub: Any) -> None:
     up.add_argument("--state-dir", default="/var/lib/rlsandbox", help="embedded NATS store and aggregator database")
     up.add_argument("--no-events", action="store_true", help="no embedded nats-server and aggregator")
     up.set_defaults(handler=_up)
+    target = os.environ.get("RLSANDBOX_TARGET", "127.0.0.1:7420")
+    target_help = f"the daemon's address (default {target}: $RLSANDBOX_TARGET, else 127.0.0.1:7420)"
     status = sub.add_parser("status", help="show a daemon's pools and sessions")
-    status.add_argument("--target", default="127.0.0.1:7420")
+    status.add_argument("--target", default=target, help=target_help)
     status.add_argument(
         "--watch", type=float, nargs="?", const=2.0, default=0.0, metavar="SECONDS",
         help="a live view: refresh every SECONDS (default 2), with rates",
@@ -348,7 +359,7 @@ def add_commands(sub: Any) -> None:
     status.add_argument("--count", type=int, default=0, help="with --watch: stop after this many refreshes")
     status.set_defaults(handler=_status)
     drain = sub.add_parser("drain", help="stop a daemon taking new sessions while its open ones go on")
-    drain.add_argument("--target", default="127.0.0.1:7420")
+    drain.add_argument("--target", default=target, help=target_help)
     drain.add_argument("--undo", action="store_true", help="take new sessions again")
     drain.add_argument("--wait", action="store_true", help="return once no session is open")
     drain.set_defaults(handler=_drain)
