@@ -34,3 +34,17 @@ def test_the_live_view_rides_through_a_daemon_that_does_not_answer_and_the_targe
     out, err = proc.communicate()
     assert out.count(f"{target}: not answering") >= 1, (out, err)
     assert "Traceback" not in err, err
+
+
+def test_up_keeps_its_state_under_the_state_dir_and_takes_metrics_and_no_demo(tmp_path: object) -> None:
+    """Before, --state-dir did not move the session journal, and up had no flag for metrics, the
+    aggregator's address or skipping the demo (every start added a 'demo' run)."""
+    from rlsandbox.daemon.cli import build_parser
+    from rlsandbox.daemon.cli_serve import up_config
+
+    args = build_parser().parse_args(
+        ["up", "--state-dir", str(tmp_path), "--metrics", "127.0.0.1:9464", "--no-demo", "--aggregator-http", ""]
+    )
+    config = up_config(args)
+    assert config.session_journal == f"{tmp_path}/sessions.sqlite3" and config.metrics_listen == "127.0.0.1:9464"
+    assert args.no_demo and args.aggregator_http == ""

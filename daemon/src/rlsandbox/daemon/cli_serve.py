@@ -167,20 +167,36 @@ async def _demo_graded(client: Any, pool: str) -> bool:
     return cheat.reward == 0.0 and fixed.reward == 1.0
 
 
-async def _up(args: argparse.Namespace) -> int:
+def up_config(args: argparse.Namespace) -> DaemonConfig:
+    """``rlsandbox up``'s configuration: the daemon's, with what lives on disk under ``--state-dir``
+    (the session journal, unless the configuration names one) and ``--metrics``."""
     config = _config(args)
+    state = Path(args.state_dir)
+    updates: dict[str, Any] = {}
+    if config.session_journal == DaemonConfig.model_fields["session_journal"].default:
+        updates["session_journal"] = str(state / "sessions.sqlite3")
+    if args.metrics:
+        updates["metrics_listen"] = args.metrics
+    return DaemonConfig.model_validate({**config.model_dump(), **updates}) if updates else config
+
+
+async def _up(args: argparse.Namespace) -> int:
+    config = up_config(args)
     await ensure_docker(config.docker_socket)
     await ensure_images(config, config.docker_socket)
     async with contextlib.AsyncExitStack() as stack:
         aggregator = None
         if not config.nats_url and not args.no_events:
-            config, aggregator = await stack.enter_async_context(_embedded_events(config, Path(args.state_dir)))
+            embedded = _embedded_events(config, Path(args.state_dir), args.aggregator_http)
+            config, aggregator = await stack.enter_async_context(embedded)
         return await _serve_with_demo(config, args, aggregator)
     raise AssertionError("unreachable")
 
 
 @contextlib.asynccontextmanager
-async def _embedded_events(config: DaemonConfig, state: Path) -> AsyncIterator[tuple[DaemonConfig, Any]]:
+async def _embedded_events(
+    config: DaemonConfig, state: Path, http: str = "127.0.0.1:7421"
+) -> AsyncIterator[tuple[DaemonConfig, Any]]:
     """No NATS configured: a local nats-server with JetStream and an aggregator, for this run."""
     from rlsandbox.daemon.events.aggregator import Aggregator
     from rlsandbox.daemon.events.nats_server import NatsServer, free_port
@@ -191,7 +207,7 @@ async def _embedded_events(config: DaemonConfig, state: Path) -> AsyncIterator[t
             port = free_port()  # something listens on the default port already: use another one
     server = NatsServer(state / "jetstream", port=port)
     await server.start()
-    aggregator = Aggregator(server.url, state / "aggregator.sqlite3", http="127.0.0.1:7421")
+    aggregator = Aggregator(server.url, state / "aggregator.sqlite3", http=http or None)
     agg_task = asyncio.create_task(aggregator.run())
     print(f"events: embedded nats-server {server.url} (store {state / 'jetstream'}), aggregator {state / 'aggregator.sqlite3'}")
     try:
@@ -211,6 +227,9 @@ async def _serve_with_demo(config: DaemonConfig, args: argparse.Namespace, aggre
     outcome: dict[str, bool] = {}
 
     async def after_start(d: NodeDaemon) -> None:
+        if getattr(args, "no_demo", False):
+            print(f"rlsandbox daemon serving on {d.address}; Ctrl-C to stop", flush=True)
+            return
         pool = d.pools.get(args.demo_pool)
         deadline = time.monotonic() + 60
         while pool is not None and pool.stats().ready == 0 and time.monotonic() < deadline:
@@ -345,8 +364,13 @@ def add_commands(sub: Any) -> None:
     _add_daemon_options(up)
     up.add_argument("--demo-only", action="store_true", help="stop after the demo episode")
     up.add_argument("--demo-pool", default="python", help="pool of the demo episode (default python)")
-    up.add_argument("--state-dir", default="/var/lib/rlsandbox", help="embedded NATS store and aggregator database")
+    up.add_argument(
+        "--state-dir", default="/var/lib/rlsandbox", help="the session journal, embedded NATS store and aggregator database"
+    )
     up.add_argument("--no-events", action="store_true", help="no embedded nats-server and aggregator")
+    up.add_argument("--no-demo", action="store_true", help="serve without running the demo episode (no 'demo' run)")
+    up.add_argument("--aggregator-http", default="127.0.0.1:7421", help="the embedded aggregator's HTTP address ('' for none)")
+    up.add_argument("--metrics", default=None, metavar="HOST:PORT", help="serve the daemon's Prometheus metrics here")
     up.set_defaults(handler=_up)
     target = os.environ.get("RLSANDBOX_TARGET", "127.0.0.1:7420")
     target_help = f"the daemon's address (default {target}: $RLSANDBOX_TARGET, else 127.0.0.1:7420)"
