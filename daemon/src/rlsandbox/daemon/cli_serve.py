@@ -316,6 +316,59 @@ async def _status(args: argparse.Namespace) -> int:
                 print()
 
 
+async def _sessions(args: argparse.Namespace) -> int:
+    """The node's live sessions, one a line (``--label k=v`` filters, ``--json`` for scripts)."""
+    import json
+
+    from rlsandbox.client import AsyncClient
+
+    labels = {}
+    for item in args.label or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"rlsandbox: --label {item!r}: use KEY=VALUE", file=sys.stderr)
+            return 2
+        labels[key] = value
+    async with AsyncClient(args.target, timeout=10) as client:
+        found = await client.list_sessions(labels, pool=args.pool or "")
+    if args.json:
+        for info in found:
+            print(json.dumps({k: getattr(info, k) for k in info.__dataclass_fields__}))
+        return 0
+    print(f"{'session':40} {'pool':20} {'state':8} {'steps':>5}  task / labels")
+    for info in found:
+        tags = " ".join(f"{k}={v}" for k, v in sorted(info.labels.items()))
+        print(f"{info.session_id[:40]:40} {info.pool[:20]:20} {info.state:8} {info.steps:>5}  {info.task_id or '-'} {tags}")
+    print(f"{len(found)} session(s) on {args.target}", file=sys.stderr)
+    return 0
+
+
+async def _exec(args: argparse.Namespace) -> int:
+    """Run a command in a live session, its output streamed as it comes; the command's exit code."""
+    from rlsandbox.client import AsyncClient, ExecResult
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("rlsandbox: give the command after the session: rlsandbox exec SESSION -- CMD ...", file=sys.stderr)
+        return 2
+    shell = command[0] if len(command) == 1 else None  # one word: a shell string, as `sh -c` takes it
+    async with AsyncClient(args.target, timeout=args.timeout + 30) as client:
+        result: ExecResult | None = None
+        async for kind, data in client.exec_stream(args.session, shell or command, timeout=args.timeout):
+            if isinstance(data, ExecResult):
+                result = data
+            else:
+                stream = sys.stdout.buffer if kind == "stdout" else sys.stderr.buffer
+                stream.write(data)
+                stream.flush()
+    if result is None:
+        return 1
+    if result.timed_out:
+        print(f"rlsandbox: the command timed out after {args.timeout} s", file=sys.stderr)
+        return 124
+    return result.exit_code if result.exit_code is not None else 128 + (result.signal or 0)
+
+
 def render_status(st: Any, previous: tuple[Any, float] | None) -> str:
     """A node's status as text; with the previous status and when it was taken, rates too."""
     elapsed = time.monotonic() - previous[1] if previous else 0.0
@@ -382,6 +435,18 @@ def add_commands(sub: Any) -> None:
     )  # fmt: skip
     status.add_argument("--count", type=int, default=0, help="with --watch: stop after this many refreshes")
     status.set_defaults(handler=_status)
+    sessions = sub.add_parser("sessions", help="list a daemon's live sessions")
+    sessions.add_argument("--target", default=target, help=target_help)
+    sessions.add_argument("--label", action="append", metavar="KEY=VALUE", help="only sessions with this label; repeat")
+    sessions.add_argument("--pool", default=None, help="only sessions of this pool")
+    sessions.add_argument("--json", action="store_true", help="one JSON object a line")
+    sessions.set_defaults(handler=_sessions)
+    ex = sub.add_parser("exec", help="run a command in a live session: rlsandbox exec SESSION -- CMD ...")
+    ex.add_argument("--target", default=target, help=target_help)
+    ex.add_argument("--timeout", type=float, default=60.0, help="seconds before the command is killed (default 60)")
+    ex.add_argument("session", help="the session's id (rlsandbox sessions)")
+    ex.add_argument("command", nargs=argparse.REMAINDER, help="the command (one word: a shell string)")
+    ex.set_defaults(handler=_exec)
     drain = sub.add_parser("drain", help="stop a daemon taking new sessions while its open ones go on")
     drain.add_argument("--target", default=target, help=target_help)
     drain.add_argument("--undo", action="store_true", help="take new sessions again")
