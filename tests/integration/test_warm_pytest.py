@@ -100,15 +100,18 @@ def _where(log: bytes) -> dict[str, object]:
 
 
 async def _graded(
-    client: AsyncClient, task: Task, fixed: bool, extra: dict[str, str] | None = None
+    client: AsyncClient, task: Task, fixed: bool, extra: dict[str, str] | None = None, refused: str = ""
 ) -> tuple[float | None, dict[str, object]]:
+    """The reward and where the tests ran; no tampering but ``refused`` (a finding expected)."""
     async with client.session(task=task, acquire_timeout=60) as s:
         if fixed:
             await s.write_files({"calc/__init__.py": FIX})
         if extra:
             await s.write_files(extra)
         r = await s.grade()
-    assert r.status == "ok" and not r.tampering, (r.message, r.tampering, r.log.decode()[-2000:])
+    found = [t for t in r.tampering if not (refused and refused in t)]
+    assert r.status == "ok" and not found, (r.message, r.tampering, r.log.decode()[-2000:])
+    assert not refused or len(found) < len(r.tampering), (refused, r.tampering)
     facts = _where(r.log)
     facts["failures"] = _failures(r.log)
     return r.reward, facts
@@ -213,18 +216,21 @@ async def _attack(s: AsyncSession, pid: str) -> None:
 
 
 async def test_no_file_of_an_episode_ever_runs_in_the_warm_interpreter(node: NodeDaemon, task: Task) -> None:
-    """In an image whose .pth imports a module from the workspace at every start, an episode that
-    puts that module in its workspace gets it run by its grades' test processes, as its user, as
-    a fresh interpreter would: never by the warm interpreter, which is root and outlives episodes.
-    (The warm interpreter starts at a reset, when no episode's file exists anywhere.)"""
-    pth_task = Task(task.spec.model_copy(update={"pool": "pth"}), task.workspace_tar)
+    """In an image whose .pth imports a module from the workspace at every start, an episode's
+    module of that name would run in every test process before the runner and its guard: a name
+    the image's interpreter imports as it starts is reserved (issue 44), so the clean room refuses
+    the episode's file (reported; with the task's "report" policy the fix still pays), and it runs
+    neither in a fresh interpreter nor in the warm one, which is root and outlives episodes. (The
+    warm interpreter starts at a reset, when no episode's file exists anywhere.)"""
+    ev = task.spec.evaluation.model_copy(update={"tampering_policy": "report"})
+    pth_task = Task(task.spec.model_copy(update={"pool": "pth", "evaluation": ev}), task.workspace_tar)
+    refused = "rlsb_probe.py: added (shadows the module 'rlsb_probe'"
     async with AsyncClient(node.address, timeout=120) as client:
-        runs = [await _graded(client, pth_task, fixed=True, extra={"rlsb_probe.py": PROBE}) for _ in range(6)]
+        runs = [await _graded(client, pth_task, fixed=True, extra={"rlsb_probe.py": PROBE}, refused=refused) for _ in range(6)]
     assert [reward for reward, _ in runs] == [1.0] * 6
     warm = [facts for _, facts in runs if "--warm pytest" in str(facts["parent"])]
     assert warm, [facts["parent"] for _, facts in runs]
-    # The child imported it while processing the .pth as the episode's user, as a cold run does.
-    assert {facts["probe"] for _, facts in runs} == {warm[0]["uid"]}, [facts["probe"] for _, facts in runs]
+    assert {facts["probe"] for _, facts in runs} == {None}, [facts["probe"] for _, facts in runs]  # it never ran
 
 
 # A hidden test that says where it runs, leaves a process in a session of its own, and hangs when
