@@ -256,6 +256,8 @@ class Grader:
         if ev.report_format not in PYTEST_FORMATS or facts is None or random.random() >= self.second_opinion_share:
             return
         findings: list[str] = []
+        # One after another: a room ends every process its user left as each command exits
+        # (end_leftovers), so runs side by side would end each other.
         for check in second_opinion.checks(result, mode):
             alone_ev = ev.model_copy(update={"fail_to_pass": [check.listed], "pass_to_pass": [], "reward": RewardSpec()})
             alone_task = Task(task.spec.model_copy(update={"evaluation": alone_ev}), task.workspace_tar)
