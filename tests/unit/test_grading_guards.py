@@ -1217,3 +1217,22 @@ def test_only_commands_a_shell_reads_word_for_word_run_from_the_warm_pytest() ->
     for variable in ("PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONUNBUFFERED", "PYTHONOPTIMIZE", "PYTHONNOUSERSITE"):
         assert warm_pytest("python3 -m pytest", {**grade_env, variable: "1"}) is None, variable
     assert warm_pytest("python3 -m pytest", {}) is None  # the warm interpreter writes no bytecode: nor may the run
+
+
+def test_a_patch_of_many_hunks_over_repeated_code_lands_where_its_line_numbers_say() -> None:
+    """Each hunk is looked for where the hunks before it moved the file's lines. The offset was
+    added to itself at every hunk, so from the second hunk on each was looked for further and
+    further away and found at the nearest copy of its context: in a file of repeated blocks (a
+    release of marshmallow's fields.py, 48 hunks), a hunk landed in the wrong block and a later one
+    matched nowhere. Test patches and gold patches are applied with it."""
+    # Identical blocks: every hunk's context is found in each of them.
+    filler = "".join(f"    x{n} = {n}\n" for n in range(8))  # the same in every block, hunks apart
+    block = "class C:\n" + filler + "    def __init__(self, *args, **kwargs):\n        super().__init__(*args, **kwargs)\n"
+    same, changed = "        self.validators.insert(0, 1)\n", "        self.validators = [1] + list(self.validators)\n"
+    before = "\n\n".join(block + same for _ in range(40))
+    after = "\n\n".join(
+        block + (changed if i % 3 == 0 else same) + ("        self.extra = True\n" if i % 5 == 0 else "") for i in range(40)
+    )
+    old, new, patch = gnu_diff(before.splitlines(), after.splitlines())  # GNU diff: a hunk per change
+    assert len(parse_patch(patch)[0].hunks) > 10
+    assert apply_patch(patch, {"f": old})["f"][0] == new

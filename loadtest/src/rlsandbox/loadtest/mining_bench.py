@@ -27,7 +27,7 @@ from rlsandbox.daemon.grading.audit import audit
 from rlsandbox.daemon.grading.mine import history_from_archives, mine
 from rlsandbox.daemon.images.environments import build_environment
 from rlsandbox.daemon.runtime.docker import DockerRuntime
-from rlsandbox.loadtest.node import daemon_process
+from rlsandbox.loadtest.node import daemon_process, wait_serving
 from rlsandbox.loadtest.stats import bench_cli, machine
 
 REPO = Path(__file__).resolve().parents[4]
@@ -65,6 +65,7 @@ async def bench(sdists: Path, runs: int, concurrency: int) -> dict[str, Any]:
             try:
                 config = CONFIG.format(node=f"minebench-{os.getpid()}")
                 async with daemon_process(config) as daemon, AsyncClient(daemon.address, timeout=300) as client:
+                    await wait_serving(client)
                     t0 = time.perf_counter()
                     mined = await mine(client, repo, image=env.tag, runs=runs, concurrency=concurrency, env={"PYTHONPATH": "src"})
                     mining_s = time.perf_counter() - t0

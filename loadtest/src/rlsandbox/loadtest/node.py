@@ -34,6 +34,19 @@ async def wait_ready(client: AsyncClient, pool: str, ready: int, timeout: float)
     raise TimeoutError(f"pool {pool} did not reach {ready} ready sandboxes in {timeout:.0f} s")
 
 
+async def wait_serving(client: AsyncClient, timeout: float = 120) -> None:
+    """Wait until the node answers (a node whose pools are all made on demand has none to wait for)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await client.node_status()
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.2)
+
+
 async def wait_quiet(client: AsyncClient, timeout: float = 300) -> None:
     """Wait until no pool is creating and every pool is at min_ready: refills compete with the
     measured traffic for the two cores, so each phase starts on a quiet node."""

@@ -176,9 +176,14 @@ async def _grade(
     return result.status, result.reward, result.message
 
 
+READ_CHUNK = 6  # files per read (each may be up to the node's per-file cap: a response has a limit)
+
+
 async def _base_files(client: AsyncClient, task: Task, paths: list[str], acquire_timeout: float) -> dict[str, bytes | None]:
     async with client.session(task=task, acquire_timeout=acquire_timeout, labels={"rlsandbox.audit": task.id}) as s:
-        found = await s.read_files(paths)
+        found = {}
+        for i in range(0, len(paths), READ_CHUNK):
+            found.update(await s.read_files(paths[i : i + READ_CHUNK]))
     big = [p for p in paths if p in found and found[p].truncated]
     if big:
         raise PatchError(f"{big[0]}: larger than a read returns, not audited")

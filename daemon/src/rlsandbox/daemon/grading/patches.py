@@ -146,7 +146,8 @@ def _apply_hunks(fp: FilePatch, data: bytes) -> bytes:
         if found < 0:
             raise PatchError(f"{fp.path}: a hunk at line {start} does not match the file")
         lines[found : found + len(old)] = new
-        offset += found - (start - 1 if old else start) + len(new) - len(old)
+        # Where the next hunk's old lines are now: this hunk's drift, plus what it added.
+        offset = found - (start - 1 if old else start) + len(new) - len(old)
         if found + len(new) == len(lines):
             if new_eof:
                 ends_with_newline = False
