@@ -5,7 +5,8 @@ pass that and still pay for a wrong answer: a test that checks only part of the 
 that nothing raises. Auditing grades cheap wrong patches, each in a session and clean room of its
 own through a daemon, as training would:
 
-- the gold patch with one of its hunks left out, for each hunk (of a patch with two or more);
+- the gold patch with one of its hunks left out, for each hunk of a source file (of a patch with
+  two or more: a changelog's or a docs page's hunk left out is no wrong fix);
 - the gold patch with the body of one function it changes replaced by ``raise
   NotImplementedError``, and by ``return None`` (Python files; functions whose body has a line of
   its own);
@@ -24,6 +25,7 @@ import asyncio
 import collections
 import dataclasses
 import difflib
+import posixpath
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -92,6 +94,19 @@ def stubbed(source: bytes, fn: ast.FunctionDef | ast.AsyncFunctionDef, statement
     return "".join(out).encode("utf-8", "surrogateescape")
 
 
+# What a test can check: source files. A hunk of a changelog, a docs page or packaging metadata
+# left out is not a wrong fix (a release's diff has many).
+CODE_SUFFIXES = frozenset(
+    {".py", ".pyx", ".js", ".mjs", ".cjs", ".jsx", ".ts", ".tsx", ".go", ".rs", ".java", ".kt", ".scala", ".c", ".h",
+     ".cc", ".cpp", ".hpp", ".cs", ".rb", ".php", ".swift"}
+)  # fmt: skip
+
+
+def is_code(path: str) -> bool:
+    name = posixpath.basename(path)
+    return posixpath.splitext(name)[1] in CODE_SUFFIXES and not path.startswith(("docs/", "doc/")) and name != "setup.py"
+
+
 def _files(applied: Mapping[str, tuple[bytes | None, int | None]]) -> dict[str, bytes | None]:
     return {path: data for path, (data, _) in applied.items()}
 
@@ -102,7 +117,7 @@ def wrong_patches(gold: bytes, base: Mapping[str, bytes | None]) -> list[WrongPa
     file_patches = parse_patch(gold)
     golden = _files(apply_file_patches(file_patches, base))
     out: list[WrongPatch] = []
-    hunks = [(i, j) for i, fp in enumerate(file_patches) for j in range(len(fp.hunks))]
+    hunks = [(i, j) for i, fp in enumerate(file_patches) if is_code(fp.path) for j in range(len(fp.hunks))]
     if len(hunks) >= 2:
         for i, j in hunks:
             fp = file_patches[i]
