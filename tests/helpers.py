@@ -25,6 +25,16 @@ BUSYBOX = "rlsandbox/busybox:latest"
 PYTHON = "rlsandbox/python-task:latest"
 
 
+def commit_all(repo: Path, message: str = "base") -> str:
+    """``git init`` (if needed), add and commit everything in ``repo``; the commit's id."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    if not (repo / ".git").exists():
+        subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", message], check=True)
+    return subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+
+
 async def build_image(docker_runtime: DockerRuntime, tag: str, dockerfile: str, **folders: Path) -> None:
     """A test image from a Dockerfile and folders beside it (``name=path``: COPY name ...)."""
     context = io.BytesIO()

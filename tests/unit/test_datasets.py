@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import commit_all
 from rlsandbox.daemon import cli
 from rlsandbox.daemon.cli_tasks import read_records
 from rlsandbox.daemon.errors import InvalidArgument
@@ -272,11 +273,7 @@ def test_import_with_a_relative_out_and_a_clone_and_nothing_left_when_it_fails(
     repo = tmp_path / "clone"
     (repo / "src").mkdir(parents=True)
     (repo / "src" / "m.py").write_text("X = 1\n")
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], check=True)
-    base = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    base = commit_all(repo)
     record = next(r for r in read_records(SWEBENCH / "SWE-bench_Lite-dev.sample.jsonl") if r["instance_id"].endswith("1359"))
     (tmp_path / "in.jsonl").write_text(json.dumps({**record, "base_commit": base}) + "\n")
     work = tmp_path / "work"

@@ -16,15 +16,21 @@ from rlsandbox.daemon.errors import InvalidArgument
 DEFAULT_TARGET = os.environ.get("RLSANDBOX_TARGET", "127.0.0.1:7420")
 
 
-async def _validate(args: argparse.Namespace) -> int:
-    from rlsandbox.client import AsyncClient
+def _load(path: str, **limits: int) -> list[Any]:
+    """The tasks of a task file or folder; a task that cannot be used is the command's error."""
     from rlsandbox.daemon.grading.task import TaskError, load_tasks
-    from rlsandbox.daemon.grading.validate import Progress, summary_table, validate, write_cleaned
 
     try:
-        tasks = load_tasks(args.path)
+        return load_tasks(path, **limits)
     except TaskError as e:
         raise InvalidArgument(str(e)) from None
+
+
+async def _validate(args: argparse.Namespace) -> int:
+    from rlsandbox.client import AsyncClient
+    from rlsandbox.daemon.grading.validate import Progress, summary_table, validate, write_cleaned
+
+    tasks = _load(args.path)
     if args.runs < 1 or args.concurrency < 1:
         raise InvalidArgument("--runs and --concurrency must be at least 1")
     jobs = sum(args.runs * (2 if t.spec.gold_patch else 1) for t in tasks)
@@ -52,12 +58,8 @@ async def _validate(args: argparse.Namespace) -> int:
 async def _audit(args: argparse.Namespace) -> int:
     from rlsandbox.client import AsyncClient
     from rlsandbox.daemon.grading.audit import audit, audit_table
-    from rlsandbox.daemon.grading.task import TaskError, load_tasks
 
-    try:
-        tasks = load_tasks(args.path)
-    except TaskError as e:
-        raise InvalidArgument(str(e)) from None
+    tasks = _load(args.path)
     if args.concurrency < 1 or args.max_patches < 0:
         raise InvalidArgument("--concurrency must be at least 1 and --max-patches at least 0")
     print(f"auditing {len(tasks)} task(s) through {args.target}", file=sys.stderr)
@@ -376,12 +378,9 @@ async def _push(args: argparse.Namespace) -> int:
     import nats
     from rlsandbox.daemon.events.connection import NatsAuth, servers
     from rlsandbox.daemon.grading.bundles import push
-    from rlsandbox.daemon.grading.task import MAX_BUNDLE_WORKSPACE_BYTES, TaskError, load_tasks
+    from rlsandbox.daemon.grading.task import MAX_BUNDLE_WORKSPACE_BYTES
 
-    try:
-        tasks = load_tasks(Path(args.path), workspace_limit=MAX_BUNDLE_WORKSPACE_BYTES)
-    except TaskError as e:
-        raise InvalidArgument(str(e)) from None
+    tasks = _load(args.path, workspace_limit=MAX_BUNDLE_WORKSPACE_BYTES)
     auth = NatsAuth(credentials=args.nats_creds, token_file=args.nats_token_file, tls_ca=args.nats_tls_ca)
     nc = await nats.connect(servers(args.nats), name="rlsandbox-tasks-push", connect_timeout=5, **auth.connect_options())
     stored = 0
