@@ -1,5 +1,5 @@
 """The wrong patches of task auditing (grading/audit.py), from a gold patch and the files it
-touches: pure, no Docker. The grades are tests/integration/test_dataset_round_trip.py's."""
+touches: pure, no Docker. The grades are tests/integration/test_task_audit.py's."""
 
 from __future__ import annotations
 
