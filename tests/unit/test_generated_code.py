@@ -27,3 +27,15 @@ def test_regenerating_the_proto_code_changes_nothing(tmp_path: Path) -> None:
     for name in ("sandbox_pb2.py", "sandbox_pb2.pyi", "sandbox_pb2_grpc.py"):
         fresh = (tmp_path / "rlsandbox/v1" / name).read_text()
         assert (committed / name).read_text() == fresh, f"{name} is stale: run scripts/gen_proto.sh and commit"
+
+
+def test_every_test_module_has_a_name_of_its_own() -> None:
+    """pytest imports test modules by their base name (no packages here): a unit and an
+    integration module of one name stop the whole suite at collection, which the fast tier never
+    collects (twice this stop: test_datasets.py, test_audit.py)."""
+    import collections
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent.parent
+    names = collections.Counter(p.name for p in tests.rglob("test_*.py"))
+    assert [n for n, c in names.items() if c > 1] == []
