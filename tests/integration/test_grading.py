@@ -452,6 +452,34 @@ async def test_answers_by_call_order_pay_in_the_full_run_and_fail_the_second_opi
     assert grader.second_opinions_total == checked + 3  # its three FAIL_TO_PASS tests, one at a time
 
 
+async def test_the_second_opinion_finds_tests_listed_in_another_spelling(gclient: AsyncClient, tasks: dict[str, Task]) -> None:
+    """A task read as JUnit XML lists its tests as JUnit names (``tests.test_multiply::test_multiply``):
+    the second opinion narrows pytest to the node ids the report matched them to, not to the
+    listed spelling (which no pytest item has: every test would have been missing alone, and
+    the fix called tampering)."""
+    calc = tasks["py-calc"]
+    ev = calc.spec.evaluation
+
+    def junit_id(node_id: str) -> str:
+        path, _, name = node_id.partition("::")
+        return f"{path[:-3].replace('/', '.')}::{name}"
+
+    junit = ev.model_copy(
+        update={
+            "test_command": "python3 -m pytest -p no:cacheprovider tests --junitxml={report}",
+            "report_format": "junit",
+            "fail_to_pass": [junit_id(t) for t in ev.fail_to_pass],
+            "pass_to_pass": [junit_id(t) for t in ev.pass_to_pass],
+        }
+    )
+    task = Task(calc.spec.model_copy(update={"evaluation": junit}), calc.workspace_tar)
+    async with gclient.session(task=task) as s:
+        await solve_calc(s)
+        solved = await s.grade()
+    assert (solved.status, solved.reward) == ("ok", 1.0) and not solved.tampering, (solved.message, solved.tampering)
+    assert "tests.test_multiply::test_multiply" in {t.id for t in solved.tests}
+
+
 async def test_clean_room_dying_is_infra_error_without_reward(
     grading_daemon: NodeDaemon, gclient: AsyncClient, tasks: dict[str, Task]
 ) -> None:

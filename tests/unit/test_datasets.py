@@ -124,7 +124,7 @@ def test_the_cut_ids_of_the_records_are_matched_as_their_harness_matches_them() 
     assert compute_reward(ev.reward, graded) == 1.0
     behind = next(t for t in graded if t.id == cut[0])
     assert behind.matched == (full,) and behind.outcome == "passed"
-    assert "cut at the first space" in id_match_note(graded)
+    assert "cut at the first space" in id_match_note(graded, ev.id_match) and not id_match_note(graded, "exact")
     # Two tests behind one cut id: one failing is a failure (SWE-bench's harness took the last line).
     report2 = TestReport("pytest", {**report.tests, other: TestCase(other, Outcome.FAILED)}, True)
     assert compute_reward(ev.reward, grade_tests(ev, report2)) == 0.0

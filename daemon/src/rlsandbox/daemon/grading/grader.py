@@ -539,7 +539,7 @@ class Grader:
             else:
                 problems.append("the unittest guard did not load: the test command runs no Python of this image")
         tests = grade_tests(ev, report)
-        if note := id_match_note(tests):
+        if note := id_match_note(tests, ev.id_match):
             problems.append(note)
         result = GradeResult(
             GradeStatus.TIMEOUT if run.timed_out else GradeStatus.OK,

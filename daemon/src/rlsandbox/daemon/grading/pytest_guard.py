@@ -1992,8 +1992,10 @@ elif _cfg is not None:
     def pytest_runtest_logreport(report):
         sys.audit(_NAME + ".report", report)
 
-    @_pytest_api.hookimpl(trylast=True)
+    @_pytest_api.hookimpl(tryfirst=True)
     def pytest_unconfigure(config):
+        # First: the other plugins' unconfigure tears the run down (junitxml unregisters its
+        # LogXML, whose hooks were then "removed during the test run"); every test has reported.
         sys.audit(_NAME + ".end", getattr(config, "_rlsandbox_exitstatus", None))
 
     @_pytest_api.hookimpl(tryfirst=True)

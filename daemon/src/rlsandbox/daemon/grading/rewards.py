@@ -40,7 +40,8 @@ class GradedTest:
     id: str
     outcome: str  # an Outcome value, or "missing" when the report does not have the test
     group: TestGroup
-    # The report's ids this listed id stood for, when not itself (EvaluationSpec.id_match).
+    # The report's ids this listed id stood for, when not itself (EvaluationSpec.id_match, or
+    # another spelling of the same test: a JUnit id for a pytest node id).
     matched: tuple[str, ...] = ()
 
     @property
@@ -94,16 +95,17 @@ def grade_tests(evaluation: EvaluationSpec, report: TestReport) -> list[GradedTe
         cases = found[test_id]
         outcome = combined_outcome(cases)
         group = TestGroup.FAIL_TO_PASS if test_id in f2p else TestGroup.PASS_TO_PASS
-        matched = tuple(c.id for c in cases) if evaluation.id_match != "exact" and [c.id for c in cases] != [test_id] else ()
+        matched = tuple(c.id for c in cases) if [c.id for c in cases] != [test_id] else ()  # the report's own ids
         graded.append(GradedTest(test_id, outcome.value if outcome else MISSING, group, matched))
         seen.update(c.id for c in cases)
     graded.extend(GradedTest(c.id, c.outcome.value, TestGroup.OTHER) for c in report.tests.values() if c.id not in seen)
     return graded
 
 
-def id_match_note(tests: list[GradedTest]) -> str:
-    """What a grade says when listed ids stood for other ids of the report (a dataset's cut ids)."""
-    cut = [t for t in tests if t.matched]
+def id_match_note(tests: list[GradedTest], how: str) -> str:
+    """What a grade says when listed ids stood for other ids of the report by ``how`` (a dataset's
+    cut ids: ``first-word``); nothing for the runner's own ids (``exact``, spellings included)."""
+    cut = [t for t in tests if t.matched] if how != "exact" else []
     if not cut:
         return ""
     first = cut[0]
