@@ -99,3 +99,29 @@ def test_hunks_of_what_no_test_can_check_are_not_left_out() -> None:
     gold = diff("geo.py", BASE, FIXED) + diff("CHANGELOG.rst", changelog, changelog.replace(b"3.0.0", b"3.0.1\n-----\n\n3.0.0"))
     names = [w.name for w in wrong_patches(gold, {"geo.py": BASE, "CHANGELOG.rst": changelog})]
     assert not any("CHANGELOG" in n for n in names) and any("hunk 2 of geo.py" in n for n in names), names
+
+
+def test_mining_takes_the_commits_bytes_whatever_the_clone_configures(tmp_path: object) -> None:
+    """A clone's configuration may name a diff driver for its files (textconv, an external diff):
+    a mined gold patch is the commit's own change, never a driver's output (which would not
+    apply, or would apply something else)."""
+    from pathlib import Path
+
+    from helpers import commit_all
+    from rlsandbox.daemon.grading.mine import _task, candidates
+
+    repo = Path(str(tmp_path)) / "clone"
+    (repo / "tests").mkdir(parents=True)
+    (repo / "m.py").write_text("X = 1\n")
+    (repo / "tests" / "test_m.py").write_text("def test_x():\n    pass\n")
+    commit_all(repo)
+    (repo / ".gitattributes").write_text("*.py diff=upper\n")
+    with open(repo / ".git" / "config", "a") as f:
+        f.write('[diff "upper"]\n\ttextconv = tr a-z A-Z <\n[diff]\n\texternal = false\n')
+    (repo / "m.py").write_text("X = 2\n")
+    (repo / "tests" / "test_m.py").write_text("def test_x():\n    assert True\n")
+    commit_all(repo, "fix x")
+    [found] = candidates(repo)
+    task = _task(repo, found, pool="p", image="", workspace_path="/workspace", test_command="pytest {test_files}", env={})
+    assert task.spec.gold_patch is not None and "+X = 2" in task.spec.gold_patch and ".gitattributes" in task.spec.gold_patch
+    assert "+    assert True" in (task.spec.evaluation.test_patch or "")

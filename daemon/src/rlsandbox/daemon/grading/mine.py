@@ -33,6 +33,11 @@ class MiningError(ValueError):
     """The repository or a commit cannot be read."""
 
 
+# A clone's configuration may name diff drivers (textconv, an external diff): none runs, and the
+# patches are the commits' own bytes.
+_DIFF = ("diff", "--no-ext-diff", "--no-textconv", "--no-color", "--no-renames")
+
+
 def _git(repo: Path, *args: str) -> bytes:
     done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True)
     if done.returncode != 0:
@@ -64,7 +69,7 @@ def candidates(repo: Path, revisions: str = "HEAD", max_count: int = 100) -> lis
         commit, *parents = line.split()
         if len(parents) != 1:
             continue  # the root commit, or a merge: no single parent to start from
-        numstat = _git(repo, "diff", "--numstat", "--no-renames", parents[0], commit).decode("utf-8", "surrogateescape")
+        numstat = _git(repo, *_DIFF, "--numstat", parents[0], commit).decode("utf-8", "surrogateescape")
         files = [ln.split("\t", 2) for ln in numstat.splitlines() if ln.count("\t") >= 2]
         if any(added == "-" for added, _, _ in files):
             continue  # a binary file changed
@@ -83,8 +88,8 @@ def _task(
     repo: Path, c: Candidate, *, pool: str, image: str, workspace_path: str, test_command: str, env: dict[str, str]
 ) -> Task:
     tar = _git(repo, "archive", "--format=tar", c.parent)
-    gold = _git(repo, "diff", "--no-color", "--no-renames", "--full-index", c.parent, c.commit, "--", *c.code_files)
-    test_patch = _git(repo, "diff", "--no-color", "--no-renames", "--full-index", c.parent, c.commit, "--", *c.test_files)
+    gold = _git(repo, *_DIFF, "--full-index", c.parent, c.commit, "--", *c.code_files)
+    test_patch = _git(repo, *_DIFF, "--full-index", c.parent, c.commit, "--", *c.test_files)
     present = [p for p in c.test_files if _exists(repo, c.commit, p)]
     runnable = [p for p in present if p.endswith(".py")] or present
     command = test_command.replace("{test_files}", " ".join(runnable))

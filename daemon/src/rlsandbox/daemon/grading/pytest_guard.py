@@ -1570,14 +1570,14 @@ def _install(cfg):
                         break
         return probe_object(subject, tests, True)
 
-    def report_probe(cls, found):
+    def report_probe(cls, found, anything="anything"):
         what = {"__eq__": "equals", "__contains__": "contains"}.get(found, found)
         try:
             name = "%s.%s" % (text(_module_of(cls)), text(_qualname_of(cls)))
         except AttributeError:
             name = "a class with no name"
         where = class_files.get(_id(cls)) or made_by_agent(cls) or "?"
-        tamper("an object of %s (%s) %s anything: a result no test can check" % (name, text(where), what))
+        tamper("an object of %s (%s) %s %s: a result no test can check" % (name, text(where), what, anything))
 
     # The agent's own comparisons answer through a wrapper: a plain "yes" has the
     # object that gave it probed with that function, once a test: one that stores its trick in the
@@ -1641,13 +1641,7 @@ def _install(cfg):
             finally:
                 state["busy"] = True
             if said:
-                cls = _type(subject)
-                try:
-                    name = "%s.%s" % (text(_module_of(cls)), text(_qualname_of(cls)))
-                except AttributeError:
-                    name = "a class with no name"
-                where = class_files.get(_id(cls)) or made_by_agent(cls) or "?"
-                tamper("an object of %s (%s) equals any %s: a result no test can check" % (name, text(where), kind.__name__))
+                report_probe(_type(subject), dunder, "any " + kind.__name__)
                 return
 
     def probe_classes(classes):
