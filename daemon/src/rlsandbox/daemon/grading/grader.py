@@ -27,14 +27,17 @@ from rlsandbox.daemon import tracing
 from rlsandbox.daemon.errors import ArchiveCutShort, FailedPrecondition, FileTooLarge, SandboxDied, SandboxError
 from rlsandbox.daemon.grading import second_opinion
 from rlsandbox.daemon.grading.guard import (
-    GUARD_SOURCE,
+    NODE_FORMATS,
     PYTEST_FORMATS,
     UNITTEST_FORMATS,
+    GuardLog,
     guard_setup,
     keeps_guard_out,
     read_guard_log,
+    read_node_guard_log,
     split_records,
     warm_pytest,
+    witnessed,
 )
 from rlsandbox.daemon.grading.patches import PatchError, apply_patch, patch_paths
 from rlsandbox.daemon.grading.prepare import STEP_TIMEOUT, TAR_ENV, TASK_CACHE_BYTES, ReadTimedOut, Workspaces
@@ -423,8 +426,10 @@ class Grader:
         guard = None
         if owned and facts is not None and not facts.user_site:
             facts = None  # nowhere to load the guard from on a read-only root: its absence is reported
-        runner = "pytest" if ev.report_format in PYTEST_FORMATS else "unittest" if ev.report_format in UNITTEST_FORMATS else None
-        home = None if facts is None else facts.pytest_dir if runner == "pytest" else facts.site_dir
+        runner = _runner(ev.report_format)
+        home: str | None = report_dir  # node: the guard is loaded by its path (NODE_OPTIONS)
+        if runner != "node":
+            home = None if facts is None else facts.pytest_dir if runner == "pytest" else facts.site_dir
         if runner is not None and home:
             # Written by the room's own agent: no code of the agent's workspace has run yet (an
             # archive upload through the engine costs ~100 ms more).
@@ -433,12 +438,12 @@ class Grader:
             # interpreter runs); on a read-only root, in a user site-packages inside the report
             # folder (PYTHONUSERBASE: an inline PYTHONPATH= in the command cannot drop it; the
             # room's /tmp is fresh, so no other user site exists there).
-            module_dir = posixpath.join(report_dir, facts.user_site) if owned and facts else home
-            env.update(guard.env(ev.env, report_dir if owned else None))
+            module_dir = posixpath.join(report_dir, facts.user_site) if owned and facts and runner != "node" else home
+            env.update(guard.env(ev.env, report_dir if owned or runner == "node" else None))
             if owned:
                 env.pop("PYTHONNOUSERSITE", None)  # any value disables the user site the guard is in
             files = [
-                FileWrite(posixpath.join(module_dir, guard.module + ".py"), GUARD_SOURCE, 0o644),
+                FileWrite(posixpath.join(module_dir, guard.source[0]), guard.source[1], 0o644),
                 FileWrite(guard.config_path, guard.config(ws, changed, only), 0o600),
             ]
             if guard.pth is not None:
@@ -512,7 +517,10 @@ class Grader:
         ]
         if guard is not None:
             # Records come through stderr, or stdout when the command merges them (2>&1).
-            checked = read_guard_log(run.stderr + b"\n" + run.stdout, guard.key, guard.runner)
+            if guard.runner == "node":
+                checked = read_node_guard_log(run.stderr + b"\n" + run.stdout, guard.key)
+            else:
+                checked = read_guard_log(run.stderr + b"\n" + run.stdout, guard.key, guard.runner)
             # The guard deletes its key file as it loads, before any workspace code runs. A key
             # file still there means no guard loaded, and the code under test could read the
             # key: records are then not trusted, whatever they say.
@@ -522,7 +530,21 @@ class Grader:
             key_left = kept_out or (await self._exists(room, guard.config_path, owned) if checked.started else True)
             if key_left and checked.started:
                 detected.append(f"signed {guard.runner}-guard records appeared although the guard never loaded: forged")
-            if checked.started and not key_left:
+            if checked.started and not key_left and guard.runner == "node":
+                # The runner's report stands, less every pass the guard did not witness.
+                report, unseen, rewritten_report = witnessed(report, checked)
+                detected += checked.tampering + rewritten_report
+                problems += unseen + checked.notes
+                if not checked.ended:
+                    problems.append("the test runner ended before it finished (tests it did not report count as failed)")
+            elif guard.runner == "node":
+                # Fail closed: a node runner the guard is not in has nothing witnessed.
+                report, _, _ = witnessed(report, GuardLog())
+                problems.append(
+                    "the node guard did not load: the test command does not run `node --test` with NODE_OPTIONS "
+                    "as the grader set it; no pass of the runner's report counts"
+                )
+            elif checked.started and not key_left:
                 detected += checked.tampering + _disagreements(report, checked.report())
                 report = checked.report()
                 if not checked.ended:
@@ -650,6 +672,15 @@ class Grader:
             return data
         except (SandboxError, IsADirectoryError):
             return b""
+
+
+def _runner(report_format: str) -> str | None:
+    """The guard a report format's runner gets: pytest, unittest, node, or none."""
+    if report_format in PYTEST_FORMATS:
+        return "pytest"
+    if report_format in UNITTEST_FORMATS:
+        return "unittest"
+    return "node" if report_format in NODE_FORMATS else None
 
 
 def _disagreements(output: TestReport, guard: TestReport) -> list[str]:

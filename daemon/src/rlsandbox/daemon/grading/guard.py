@@ -1,5 +1,5 @@
-"""The grader's side of the guard (``pytest_guard.py``, under pytest or unittest): its set-up and
-its verified log.
+"""The grader's side of the guards (``pytest_guard.py`` under pytest or unittest, ``node_guard.js``
+under ``node --test``): their set-up and their verified logs.
 
 Pure functions over bytes: ``guard_setup`` makes the files and the environment that load the
 guard into one clean-room run; ``read_guard_log`` finds the guard's records in the test command's
@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import hmac
 import json
+import posixpath
 import re
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,12 +27,17 @@ from rlsandbox.daemon.grading.reports import Outcome, TestCase, TestReport, unit
 from rlsandbox.daemon.model import WarmRun
 
 GUARD_SOURCE = (Path(__file__).with_name("pytest_guard.py")).read_bytes()
+NODE_GUARD_SOURCE = (Path(__file__).with_name("node_guard.js")).read_bytes()
 CFG_ENV = "RLSANDBOX_GUARD_CFG"
+NODE_CFG_ENV = "RLSANDBOX_NODE_GUARD_CFG"
 # Formats whose test command runs pytest: the guard is loaded into them as a plugin (-p).
 PYTEST_FORMATS = frozenset({"pytest", "junit", "pytest-junit"})
 # Formats whose test command runs unittest (python -m unittest, Django's runtests.py): the guard
 # is loaded by a .pth file into the command's first Python process as it starts.
 UNITTEST_FORMATS = frozenset({"unittest"})
+# Formats whose test command runs node's test runner (`node --test`, directly or through an npm
+# script): the node guard is loaded into every node process through NODE_OPTIONS (--require).
+NODE_FORMATS = frozenset({"tap"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +45,7 @@ class GuardSetup:
     module: str  # random: no workspace file can be named like it in advance
     key: bytes
     config_path: str
-    runner: str = "pytest"  # or "unittest"
+    runner: str = "pytest"  # or "unittest", "node"
 
     def config(self, workspace: str, changed: list[str], only: Sequence[str] = ()) -> bytes:
         """The guard's configuration. ``only`` (pytest): the node ids of the one run's tests; the
@@ -48,6 +54,13 @@ class GuardSetup:
         if only:
             doc["only"] = sorted(only)
         return json.dumps(doc).encode()
+
+    @property
+    def source(self) -> tuple[str, bytes]:
+        """The guard's file: its name and content."""
+        if self.runner == "node":
+            return self.module + ".js", NODE_GUARD_SOURCE
+        return self.module + ".py", GUARD_SOURCE
 
     @property
     def pth(self) -> tuple[str, bytes] | None:
@@ -64,6 +77,11 @@ class GuardSetup:
     def env(self, task_env: dict[str, str], user_base: str | None = None) -> dict[str, str]:
         """The test command's environment additions; ``user_base``: the guard module is in the
         user site-packages of this PYTHONUSERBASE (not next to pytest: a read-only root)."""
+        if self.runner == "node":
+            # ``user_base`` is the guard's folder here; node reads NODE_OPTIONS in every process.
+            guard_file = posixpath.join(user_base or "", self.module + ".js")
+            options = task_env.get("NODE_OPTIONS", "")
+            return {NODE_CFG_ENV: self.config_path, "NODE_OPTIONS": f"--require {guard_file} {options}".strip()}
         env = {CFG_ENV: self.config_path}
         if self.runner == "pytest":
             addopts = task_env.get("PYTEST_ADDOPTS", "")
@@ -87,9 +105,18 @@ _KEEPS_SITE_OUT = re.compile(r"python[0-9.]*\s+(?:-\S+\s+)*-[A-Za-z]*S")
 _KEEPS_USER_SITE_OUT = re.compile(r"(?:^|[\s;&|(])(?:PYTHONNOUSERSITE=|python[0-9.]*\s+(?:-\S+\s+)*-[A-Za-z]*s)")
 
 
+# The node guard reaches node through NODE_OPTIONS (and its config's path).
+_KEEPS_NODE_OUT = re.compile(
+    r"(?:^|[\s;&|(])(?:NODE_OPTIONS=|RLSANDBOX_NODE_GUARD_CFG=|unset\s+(?:-v\s+)?(?:NODE_OPTIONS|RLSANDBOX_NODE_GUARD_CFG)\b"
+    r"|env\s+(?:-\S*\s+)*-(?:i|-ignore-environment|u\s*NODE_OPTIONS)\b)"
+)
+
+
 def keeps_guard_out(test_command: str, runner: str = "pytest", user_site: bool = False) -> bool:
     """Whether the test command keeps the guard from loading (see _KEEPS_OUT); ``user_site``:
     the unittest guard's .pth file is in a user site-packages."""
+    if runner == "node":
+        return bool(_KEEPS_NODE_OUT.search(test_command))
     if _KEEPS_OUT.search(test_command):
         return True
     if runner != "unittest":
@@ -142,6 +169,7 @@ class GuardLog:
     tests: dict[str, Outcome] = field(default_factory=dict)
     tampering: list[str] = field(default_factory=list)
     never_ran: list[str] = field(default_factory=list)  # planned by the runner, never reported
+    notes: list[str] = field(default_factory=list)  # what weakens the guard, said in the result
 
     def report(self) -> TestReport:
         """The guard's outcomes as a report (what the runner's own summary would have said)."""
@@ -273,3 +301,70 @@ def _fixture_outcome(tests: Mapping[str, Outcome], test_id: str) -> Outcome | No
         if fixture in tests and tests[fixture] is not Outcome.PASSED:
             return tests[fixture]
     return None
+
+
+def read_node_guard_log(stderr: bytes, key: bytes) -> GuardLog:
+    """Verify and interpret the node guard's records (node_guard.js, the runner's): per test, the
+    worst outcome its own function was witnessed to have, in any test file's process. Never raises
+    on bad input."""
+    log = GuardLog()
+    expected = 0
+    for n, line in enumerate(split_records(stderr)[0], 1):
+        body, _, mac = line.rpartition(b"\t")
+        good = hmac.new(key, body, sha256).hexdigest().encode()
+        if not hmac.compare_digest(mac, good):
+            log.tampering.append(f"node guard: record line {n} has a bad signature: written by the code under test")
+            continue
+        try:
+            seq, kind, *fields = ast.literal_eval(body.decode("utf-8"))
+        except (ValueError, SyntaxError, TypeError, UnicodeDecodeError, MemoryError, RecursionError):
+            log.tampering.append(f"node guard: line {n} is signed but unreadable")
+            continue
+        if seq != expected:
+            log.tampering.append(f"node guard: record {expected} is missing from its log (found {seq}): log rewritten")
+        expected = seq + 1
+        if kind == "start":
+            log.started = True
+        elif kind == "end":
+            log.ended = True
+        elif kind == "tamper":
+            log.tampering.append(f"node guard: {fields[0]}")
+        elif kind == "exposed":
+            log.notes.append(f"node guard: {fields[0]}")
+        elif kind == "witness" and len(fields) == 3:
+            _file, test_id, outcome = fields
+            try:
+                now = Outcome(outcome)
+            except ValueError:
+                log.tampering.append(f"node guard: line {n} is signed but unreadable")
+                continue
+            log.tests[test_id] = _worst((log.tests[test_id], now)) if test_id in log.tests else now
+    return log
+
+
+def witnessed(report: TestReport, log: GuardLog) -> tuple[TestReport, list[str], list[str]]:
+    """The runner's report with a pass only where the node guard witnessed the test's function
+    pass; the problems and the tampering that says. A pass the guard saw fail was rewritten; one it
+    never saw (a line the code under test printed, a test it registered itself) is not a pass."""
+    tests: dict[str, TestCase] = {}
+    unseen: list[str] = []
+    tampering: list[str] = []
+    for test_id, case in report.tests.items():
+        seen = log.tests.get(test_id)
+        if case.outcome is Outcome.PASSED and seen is not Outcome.PASSED:
+            if seen is Outcome.FAILED:
+                tampering.append(
+                    f"node guard: {test_id} failed when its function ran but the runner's report says passed: report forged"
+                )
+            else:
+                unseen.append(test_id)
+            case = TestCase(test_id, Outcome.FAILED, "the node guard never saw this test's function pass", case.duration)
+        tests[test_id] = case
+    problems = []
+    if unseen:
+        problems.append(
+            f"{len(unseen)} test(s) passed in the runner's report but the node guard never saw their function pass "
+            f"(first: {unseen[0]}): they count as failed (a test file that imports node:test's default export as an "
+            "ES module is not witnessed yet)"
+        )
+    return TestReport(report.format, tests, report.complete and log.ended, report.problems), problems, tampering
