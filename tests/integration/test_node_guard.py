@@ -74,9 +74,12 @@ HACKS = {
 }
 
 
-@pytest.fixture(scope="module")
-async def node_daemon(images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
-    pool = PoolConfig(name="node", image="rlsandbox/node:latest", min_ready=2, max_total=8)
+@pytest.fixture(scope="module", params=["fresh", "recycled"])
+async def node_daemon(request: pytest.FixtureRequest, images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
+    """Fresh sandboxes (tests as root), and a recycling pool (read-only root, tests as an
+    unprivileged user, the clean room a reset sandbox)."""
+    recycled = {"read_only_root": True, "recycle": True} if request.param == "recycled" else {}
+    pool = PoolConfig(name="node", image="rlsandbox/node:latest", min_ready=2, max_total=8, **recycled)
     async with running_daemon(daemon_config(pools=[pool])) as node:
         yield node
 
@@ -105,7 +108,10 @@ async def test_the_gold_fix_pays_and_every_outcome_is_witnessed(nclient: AsyncCl
     empty = await graded_with(nclient, strings_task)
     gold = await graded_with(nclient, strings_task, fix=True)
     assert empty.status == "ok" and empty.reward == 0.0, empty.message
-    assert {t.id: t.outcome for t in empty.tests} == {"reverse": "failed", "reverse ünïcode": "failed", "shout": "passed"}
+    assert {t.id: t.outcome for t in empty.tests} == {"reverse": "failed", "reverse ünïcode": "failed", "shout": "passed"}, (
+        empty.message,
+        empty.log.decode(errors="replace"),
+    )
     assert gold.status == "ok" and gold.reward == 1.0, (gold.message, gold.log.decode(errors="replace"))
     assert not gold.tampering and "guard" not in gold.message, gold.message
 

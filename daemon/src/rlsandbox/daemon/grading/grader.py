@@ -451,6 +451,8 @@ class Grader:
             failed = [w for w in await room.write_files(files) if w.error]
             if failed:
                 raise FailedPrecondition(f"grader could not install the {runner} guard: {failed[0].path}: {failed[0].error}")
+            if runner == "node" and owned:
+                command = await self._unreadable_node(room, command)
         warm = None
         warmable = guard is not None and guard.runner == "pytest" and owned and self.warm_pytest and ev.warm_runner and not cold
         if warmable and not keeps_guard_out(ev.test_command):
@@ -618,6 +620,20 @@ class Grader:
             problems.insert(0, f"tampering detected ({len(detected)} finding(s)): reward 0 under the strict policy")
         result.message = "; ".join(problems)
         return result
+
+    async def _unreadable_node(self, room: Sandbox, command: str) -> str:
+        """``command`` with the room's node first on its PATH as a copy its user cannot read, in a
+        folder of root's: the kernel makes a process undumpable at exec of a file it cannot read,
+        so no process of the run (same user, no CAP_SYS_PTRACE) reads another's memory, and the
+        node guard's keys stay where they are. (Root rooms: the guard does it by changing ids.)"""
+        folder = f"/tmp/.rlsandbox-node-{secrets.token_hex(8)}"
+        script = 'node=$(command -v node) && mkdir -m 711 "$1" && cp "$node" "$1/node" && chmod 111 "$1/node"'
+        req = ExecRequest(
+            argv=("sh", "-c", script, "sh", folder), env={"PATH": TAR_ENV["PATH"]}, timeout=STEP_TIMEOUT, as_root=True
+        )
+        if not (await room.exec(req)).ok:
+            return command  # no node in the image: the guard is not in the run, which says so
+        return f'PATH={folder}:"$PATH"; export PATH; {command}'
 
     async def _reward_file(self, room: Sandbox, paths: list[str], owned: bool) -> tuple[float, str]:
         """The reward in the first of ``paths`` that exists, read by the room's agent or the engine

@@ -261,7 +261,7 @@
     try {
       target = readlinkSync('/proc/self/fd/' + fd);
     } catch (e) {
-      return;
+      return; // undumpable and not root: /proc/self is root's, and its mem was not opened either
     }
     if (procMem.test(target)) {
       try { closeSync(fd); } catch (e) { /* gone */ }
@@ -274,6 +274,11 @@
       const orig = fsBinding[name];
       if (typeof orig !== 'function') continue;
       fsBinding[name] = function guardedOpen(...args) {
+        if (typeof args[0] === 'string' && procMem.test(resolvePath(args[0]))) {
+          // Asked by name (the kernel may refuse it anyway, an undumpable process's /proc is root's)
+          tamper('the code under test opened process memory (' + args[0] + ')');
+          throw new ErrorC('rlsandbox grading: process memory is not readable in tests');
+        }
         const r = ReflectApply(orig, this, args);
         if (typeof r === 'number') checkOpened(r);
         else if (r && typeof r.fd === 'number') checkOpened(r.fd);
@@ -339,7 +344,11 @@
     }
     sign = signer(Buffer.from(cfg.key, 'hex'));
     const forChild = stringify({ workspace: cfg.workspace, changed: cfg.changed || [] }) + '\n';
-    channel = openSync('/proc/self/fd/2', 'w');
+    try {
+      channel = openSync('/proc/self/fd/2', 'w'); // stderr, whatever becomes of fd 2
+    } catch (e) {
+      channel = 2; // undumpable and not root: /proc/self is root's; nothing in this process moves fd 2
+    }
     emit('start', process.version, 'runner');
     if (exposed) emit('exposed', exposed);
     if (inspectorActive) tamper('the inspector was active as the runner started');
