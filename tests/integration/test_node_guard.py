@@ -6,6 +6,7 @@ stdout) paid 1.0 (docs/GRADING.md). Each must pay 0, and where the attack is a t
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -152,3 +153,27 @@ async def test_no_other_process_of_the_run_reads_a_test_process_memory(nclient: 
     result = await graded_with(nclient, strings_task, before=probe)
     log = result.log.decode(errors="replace")
     assert "MEMREAD:denied" in log and "MEMREAD:read" not in log, log
+
+
+async def test_tests_of_es_modules_are_witnessed(nclient: AsyncClient, tmp_path: Path) -> None:
+    """A hidden test written as an ES module (`import test from 'node:test'`, which no require
+    hook sees): the gold fix still pays, the empty episode does not."""
+    shutil.copytree(TASK.parent, tmp_path / "task")
+    hidden = tmp_path / "task" / "hidden" / "test"
+    (hidden / "reverse.test.js").unlink()
+    (hidden / "reverse.test.mjs").write_text(
+        "import test from 'node:test';\n"
+        "import { describe, it } from 'node:test';\n"
+        "import assert from 'node:assert';\n"
+        "import strings from '../src/strings.js';\n"
+        "test('reverse', () => { assert.strictEqual(strings.reverse('abc'), 'cba'); });\n"
+        "describe('unicode', () => { it('reverse ünïcode', () => { assert.strictEqual(strings.reverse('né'), 'én'); }); });\n"
+    )
+    doc = yaml.safe_load((tmp_path / "task" / "task.yaml").read_text())
+    doc["evaluation"]["fail_to_pass"] = ["reverse", "unicode > reverse ünïcode"]
+    (tmp_path / "task" / "task.yaml").write_text(yaml.safe_dump(doc, allow_unicode=True))
+    task = load_tasks(tmp_path / "task" / "task.yaml")[0]
+    empty = await graded_with(nclient, task)
+    gold = await graded_with(nclient, task, fix=True)
+    assert empty.reward == 0.0 and gold.reward == 1.0, (gold.message, gold.log.decode(errors="replace"))
+    assert not gold.tampering and "guard" not in gold.message, gold.message

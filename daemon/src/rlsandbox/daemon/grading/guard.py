@@ -364,7 +364,7 @@ def witnessed(report: TestReport, log: GuardLog) -> tuple[TestReport, list[str],
     if unseen:
         problems.append(
             f"{len(unseen)} test(s) passed in the runner's report but the node guard never saw their function pass "
-            f"(first: {unseen[0]}): they count as failed (a test file that imports node:test's default export as an "
-            "ES module is not witnessed yet)"
+            f"(first: {unseen[0]}): they count as failed (a line the tests printed, or a test registered outside a "
+            "test file or through a runner other than node:test)"
         )
     return TestReport(report.format, tests, report.complete and log.ended, report.problems), problems, tampering

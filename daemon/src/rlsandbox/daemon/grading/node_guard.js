@@ -69,6 +69,7 @@
   const readFileSync = fs.readFileSync;
   const unlinkSync = fs.unlinkSync;
   const resolvePath = pathMod.resolve;
+  const fileURLToPath = require('url').fileURLToPath;
   const isAbsolute = pathMod.isAbsolute;
 
   // -- HMAC-SHA256 in plain arithmetic: no method of any object the code under test can reach ----
@@ -563,7 +564,14 @@
     if (!frames || typeof frames.length !== 'number') return null;
     for (let i = 0; i < frames.length; i++) {
       const f = callSiteFile(frames[i]);
-      if (f && f !== GUARD_FILE && !startsWith(f, 'node:')) return startsWith(f, 'file://') ? sliceStr(f, 7) : f;
+      if (f && f !== GUARD_FILE && !startsWith(f, 'node:')) {
+        if (!startsWith(f, 'file:')) return f;
+        try {
+          return fileURLToPath(f);
+        } catch (e) {
+          return null;
+        }
+      }
     }
     return null;
   }
@@ -707,5 +715,43 @@
     }
     return ReflectApply(origLoad, this, [request, ...rest]);
   };
+  // ES modules import node:test without Module._load: a resolve hook (node >= 18.19) sends
+  // `node:test` to a module that re-exports the same witnessed functions. A hook the code under
+  // test registers later runs first and may send it back to the builtin: those tests then go
+  // unwitnessed, and pass nothing.
+  // Only where the test file is an ES module (a loader thread costs ~60 ms a file): .mjs, or .js
+  // under a package.json of "type": "module" (one the agent changed only breaks its own tests).
+  function esModule(file) {
+    if (typeof file !== 'string') return false;
+    if (endsWith(file, '.mjs') || endsWith(file, '.mts')) return true;
+    if (endsWith(file, '.cjs') || endsWith(file, '.cts')) return false;
+    for (let dir = pathMod.dirname(resolvePath(file)); ; dir = pathMod.dirname(dir)) {
+      try {
+        return parseJSON(readFileSync(dir + '/package.json', 'utf8')).type === 'module';
+      } catch (e) {
+        if (e && e.code !== 'ENOENT' && e.code !== 'ENOTDIR') return true; // unreadable: assume so
+      }
+      if (dir === '/' || dir === '.') return false;
+    }
+  }
+  if (typeof Module.register === 'function' && esModule(process.argv[1])) {
+    const names = [];
+    for (const name of ObjectGetOwnPropertyNames(nodeTest)) {
+      if (name !== 'length' && name !== 'name' && name !== 'prototype' && /^[A-Za-z_$][\w$]*$/.test(name)) names[names.length] = name;
+    }
+    const shim = 'data:text/javascript,' + encodeURIComponent(
+      "import { createRequire } from 'node:module';\n" +
+      'const t = createRequire(' + stringify(GUARD_FILE) + ")('node:test');\n" +
+      'export default t;\nexport const { ' + names.join(', ') + ' } = t;\n');
+    const hooks = 'export async function resolve(specifier, context, next) {\n' +
+      "  if (specifier === 'node:test' && !String(context.parentURL || '').startsWith('data:')) " +
+      'return { url: ' + stringify(shim) + ', shortCircuit: true };\n' +
+      '  return next(specifier, context);\n}\n';
+    try {
+      Module.register('data:text/javascript,' + encodeURIComponent(hooks));
+    } catch (e) {
+      tamper('could not witness tests of ES modules: ' + String(e && e.message));
+    }
+  }
   emit('ready');
 })();
