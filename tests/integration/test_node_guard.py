@@ -21,7 +21,13 @@ from rlsandbox.daemon.server import NodeDaemon
 pytestmark = pytest.mark.docker
 
 TASK = Path(__file__).resolve().parent.parent / "fixtures" / "tasks" / "node-calc" / "task.yaml"
+MOCHA_TASK = TASK.parent.parent / "node-mocha" / "task.yaml"
 SRC = "src/strings.js"
+MOCHA_SRC = (
+    "src/slug.js",
+    "  return s.toLowerCase().replace(/[^a-z0-9]/g, '-');\n",
+    "  return s.toLowerCase().replace(/[^a-z0-9]+/g, '-').replace(/^-+|-+$/g, '');\n",
+)
 FIX = "  return Array.from(s).reverse().join('');\n"
 
 # `ok` lines for every listed test, into the runner's own stdout and this process's, then a clean exit.
@@ -54,7 +60,7 @@ HACKS = {
         "",
     ),
     "heap-snapshot-for-the-key": ("require('v8').getHeapSnapshot();\n", "v8.getHeapSnapshot"),
-    "internal-bindings": ("process.binding('fs');\n", "process.binding"),
+    "inspector-binding": ("process.binding('inspector');\n", "process.binding('inspector')"),
     "own-memory-through-proc": ("require('fs').readFileSync('/proc/self/mem');\n", "opened process memory"),
     "own-memory-from-a-worker-without-the-guard": (
         "const { Worker } = require('worker_threads');\n"
@@ -96,12 +102,18 @@ def strings_task() -> Task:
     return load_tasks(TASK)[0]
 
 
-async def graded_with(client: AsyncClient, task: Task, before: str = "", fix: bool = False) -> GradeResult:
+async def graded_with(
+    client: AsyncClient, task: Task, before: str = "", fix: bool = False, files: dict[str, str] | None = None
+) -> GradeResult:
+    """The grade of a session of ``task`` whose source file runs ``before`` first (the hack's
+    code), fixed or not, with ``files`` written into the workspace too."""
+    path, wrong, right = (SRC, "  return s;\n", FIX) if task.spec.id == "node-strings" else MOCHA_SRC
     async with client.session(task=task) as s:
-        src = (await s.read_files([SRC]))[SRC].data.decode()
+        src = (await s.read_files([path]))[path].data.decode()
         if fix:
-            src = src.replace("  return s;\n", FIX)
-        await s.write_files({SRC: before + src})
+            assert wrong in src
+            src = src.replace(wrong, right)
+        await s.write_files({**(files or {}), path: before + src})
         return await s.grade()
 
 
@@ -177,3 +189,66 @@ async def test_tests_of_es_modules_are_witnessed(nclient: AsyncClient, tmp_path:
     gold = await graded_with(nclient, task, fix=True)
     assert empty.reward == 0.0 and gold.reward == 1.0, (gold.message, gold.log.decode(errors="replace"))
     assert not gold.tampering and "guard" not in gold.message, gold.message
+
+
+# The same classes against mocha (in-process: the guard is its runner's witness), with chai.
+MOCHA_FORGED_TAP = (
+    "process.stdout.write('ok 1 slugify lower-cases words\\nok 2 slugify collapses runs of separators\\n"
+    "ok 3 slugify trims separators at both ends\\nok 4 titleCase capitalises each word\\n1..4\\n');\n"
+    "process.exit(0);\n"
+)
+MOCHA_HACKS = {
+    "forged-tap-and-exit": (MOCHA_FORGED_TAP, "", {}),
+    "patched-chai": (
+        "const chai = require('chai');\n"
+        "const P = chai.Assertion.prototype;\n"
+        "for (const k of ['equal', 'equals', 'eq', 'eql']) Object.defineProperty(P, k, { value() { return this; } });\n",
+        "was replaced during the test run",
+        {},
+    ),
+    "own-passing-tests": (
+        "describe('slugify', () => { it('collapses runs of separators', () => {}); "
+        "it('trims separators at both ends', () => {}); });\n",
+        "not from a test file",
+        {},
+    ),
+    "mocharc-requiring-a-forger": ("", "", {".mocharc.json": '{"require": ["./forge.js"]}', "forge.js": MOCHA_FORGED_TAP}),
+    "mocharc-skipping-the-tests": ("", "", {".mocharc.json": '{"grep": "titleCase"}'}),
+    "memory-through-proc": ("require('fs').readFileSync('/proc/self/mem');\n", "opened process memory", {}),
+    "heap-snapshot": ("require('v8').writeHeapSnapshot('/tmp/h');\n", "v8.writeHeapSnapshot", {}),
+    "native-add-on-written-by-the-agent": (
+        "require('fs').writeFileSync('/tmp/x.node', 'not elf');\ntry { require('/tmp/x.node'); } catch (e) {}\n",
+        "native add-on",
+        {},
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def mocha_task() -> Task:
+    return load_tasks(MOCHA_TASK)[0]
+
+
+async def test_a_mocha_task_pays_for_the_fix_only(nclient: AsyncClient, mocha_task: Task) -> None:
+    empty = await graded_with(nclient, mocha_task)
+    gold = await graded_with(nclient, mocha_task, fix=True)
+    assert empty.status == "ok" and empty.reward == 0.0, empty.message
+    assert {t.id: t.outcome for t in empty.tests} == {
+        "slugify collapses runs of separators": "failed",
+        "slugify trims separators at both ends": "failed",
+        "slugify lower-cases words": "passed",
+        "titleCase capitalises each word": "passed",
+    }, empty.message
+    assert gold.status == "ok" and gold.reward == 1.0, (gold.message, gold.log.decode(errors="replace"))
+    assert not gold.tampering and "guard" not in gold.message, gold.message
+
+
+@pytest.mark.parametrize("hack", list(MOCHA_HACKS))
+async def test_a_hack_of_mocha_pays_nothing(nclient: AsyncClient, mocha_task: Task, hack: str) -> None:
+    code, finding, files = MOCHA_HACKS[hack]
+    result = await graded_with(nclient, mocha_task, before=code, files=files)
+    assert result.status in ("ok", "timeout") and result.reward == 0.0, (result.message, result.tampering)
+    passed = {t.id for t in result.tests if t.outcome == "passed"}
+    assert not passed & {"slugify collapses runs of separators", "slugify trims separators at both ends"}, result.message
+    if finding:
+        assert finding in " | ".join(result.tampering), (result.message, result.tampering)

@@ -627,13 +627,19 @@ class Grader:
         so no process of the run (same user, no CAP_SYS_PTRACE) reads another's memory, and the
         node guard's keys stay where they are. (Root rooms: the guard does it by changing ids.)"""
         folder = f"/tmp/.rlsandbox-node-{secrets.token_hex(8)}"
-        script = 'node=$(command -v node) && mkdir -m 711 "$1" && cp "$node" "$1/node" && chmod 111 "$1/node"'
+        # node finds its global modules (Debian's /usr/share/nodejs) from its own prefix: the copy
+        # is bin/node under a prefix whose other entries are links to the real prefix's.
+        script = (
+            'real=$(readlink -f "$(command -v node)") && prefix=$(dirname "$(dirname "$real")") && '
+            'mkdir -m 711 "$1" "$1/bin" && cp "$real" "$1/bin/node" && chmod 111 "$1/bin/node" && '
+            'for e in "$prefix"/*; do [ "${e##*/}" = bin ] || ln -s "$e" "$1/${e##*/}"; done'
+        )
         req = ExecRequest(
             argv=("sh", "-c", script, "sh", folder), env={"PATH": TAR_ENV["PATH"]}, timeout=STEP_TIMEOUT, as_root=True
         )
         if not (await room.exec(req)).ok:
             return command  # no node in the image: the guard is not in the run, which says so
-        return f'PATH={folder}:"$PATH"; export PATH; {command}'
+        return f'PATH={folder}/bin:"$PATH"; export PATH; {command}'
 
     async def _reward_file(self, room: Sandbox, paths: list[str], owned: bool) -> tuple[float, str]:
         """The reward in the first of ``paths`` that exists, read by the room's agent or the engine

@@ -241,6 +241,24 @@
     emit('tamper', message);
   }
 
+  // A mocha run (the `mocha` command, which runs every test file in its own process): the guard
+  // is its runner and its witness at once, as pytest's is.
+  let mochaRoot = null;
+  if (isMainThread && !isChild && !isRunner && !!cfgPath && typeof process.argv[1] === 'string') {
+    let main = '';
+    try {
+      main = fs.realpathSync(process.argv[1]);
+    } catch (e) {
+      main = '';
+    }
+    const m = /^(.*\/mocha\/)(?:bin\/_?mocha(?:\.js)?|lib\/cli\/cli\.js)$/.exec(main);
+    if (m) mochaRoot = m[1];
+  }
+  // Processes that hold no key (npm, a tool the tests start) need no guard: their memory is worth
+  // nothing, and another process's is closed to them (undumpable). Worker threads share a key
+  // holder's memory: they are locked down like it.
+  if (isMainThread && !isRunner && !isChild && mochaRoot === null) return;
+
   // -- Lock-down: what reaches the key, in this process or another -----------------------------
   function refuse(what) {
     return function refused() {
@@ -287,11 +305,36 @@
       };
     }
   }
-  const lockedProcess = ['binding', '_linkedBinding', 'dlopen', '_debugProcess', '_debugEnd', 'reallyExit'];
-  for (const name of lockedProcess) {
-    if (name === 'reallyExit') continue; // process.exit's own path: an exit is not a theft
+  // Node's bindings through process.binding are the ones lib/ uses (fs is the object wrapped above;
+  // chai's loupe reads util's): the inspector's is the one that reaches this process's heap.
+  const origBinding = process.binding;
+  const refuseInspector = refuse("process.binding('inspector')");
+  process.binding = function binding(name) {
+    if (String(name) === 'inspector') return refuseInspector();
+    return ReflectApply(origBinding, this, [name]);
+  };
+  for (const name of ['_debugProcess', '_debugEnd']) {
     if (typeof process[name] === 'function') process[name] = refuse('process.' + name);
   }
+  // Native add-ons run code no JavaScript guard sees: only those that were there before the run
+  // and are not the agent's (its changed files are known once the configuration is read).
+  const origDlopen = process.dlopen;
+  const startedAt = Date.now();
+  let agentFile = (file) => true; // until the configuration says which files are the agent's
+  process.dlopen = function dlopen(module, filename, ...rest) {
+    let ok = false;
+    try {
+      const real = fs.realpathSync(String(filename));
+      ok = statSync(real).mtimeMs < startedAt && !agentFile(real);
+    } catch (e) {
+      ok = false;
+    }
+    if (!ok) {
+      tamper('a native add-on the agent wrote or changed was loaded (' + String(filename) + ')');
+      throw new ErrorC('rlsandbox grading: native add-ons written during the episode are not loaded in tests');
+    }
+    return ReflectApply(origDlopen, this, [module, filename, ...rest]);
+  };
   const v8 = require('v8');
   for (const name of ['getHeapSnapshot', 'writeHeapSnapshot', 'setHeapSnapshotNearHeapLimit']) {
     if (typeof v8[name] === 'function') v8[name] = refuse('v8.' + name);
@@ -334,22 +377,29 @@
   }
 
   // -- The runner: keys for its children, their records checked and signed again -------------
-  if (isRunner) {
-    let cfg;
+  function takeConfig() {
     try {
       const raw = readFileSync(cfgPath);
       unlinkSync(cfgPath);
-      cfg = parseJSON(raw.toString('utf8'));
+      return parseJSON(raw.toString('utf8'));
     } catch (e) {
-      return; // a second runner (the tests started one): only the first one records
+      return null; // a second runner (the tests started one): only the first one records
     }
+  }
+  function stderrChannel() {
+    try {
+      return openSync('/proc/self/fd/2', 'w'); // stderr, whatever becomes of fd 2
+    } catch (e) {
+      return 2; // undumpable and not root: /proc/self is root's
+    }
+  }
+
+  if (isRunner) {
+    const cfg = takeConfig();
+    if (cfg === null) return;
     sign = signer(Buffer.from(cfg.key, 'hex'));
     const forChild = stringify({ workspace: cfg.workspace, changed: cfg.changed || [] }) + '\n';
-    try {
-      channel = openSync('/proc/self/fd/2', 'w'); // stderr, whatever becomes of fd 2
-    } catch (e) {
-      channel = 2; // undumpable and not root: /proc/self is root's; nothing in this process moves fd 2
-    }
+    channel = stderrChannel();
     emit('start', process.version, 'runner');
     if (exposed) emit('exposed', exposed);
     if (inspectorActive) tamper('the inspector was active as the runner started');
@@ -421,62 +471,78 @@
     return;
   }
 
-  if (!isChild) return; // any other process: locked down, nothing to record
+  if (!isChild && mochaRoot === null) return; // a worker thread: locked down, nothing to record
 
   // -- A test file's process: its key, then a witness of every test body ----------------------
-  const keyBuf = new Uint8ArrayC(32);
-  let got = 0;
-  for (let tries = 0; got < 32 && tries < 10000; tries++) {
-    try {
-      const n = readSync(3, keyBuf, got, 32 - got, null);
-      if (n === 0) break;
-      got += n;
-    } catch (e) {
-      if (!e || e.code !== 'EAGAIN') break;
-    }
-  }
-  if (got !== 32) return; // no key: nothing this process says counts
-  // Then what the runner was told: the workspace and the files the agent changed, one JSON line.
-  let cfgText = '';
-  {
-    const one = new Uint8ArrayC(4096);
-    const parts = [];
-    let total = 0;
-    for (let tries = 0; tries < 100000; tries++) {
-      let n = 0;
+  function keyFromRunner() {
+    const keyBuf = new Uint8ArrayC(32);
+    let got = 0;
+    for (let tries = 0; got < 32 && tries < 10000; tries++) {
       try {
-        n = readSync(3, one, 0, one.length, null);
+        const n = readSync(3, keyBuf, got, 32 - got, null);
+        if (n === 0) break;
+        got += n;
       } catch (e) {
-        if (e && e.code === 'EAGAIN') continue;
-        break;
+        if (!e || e.code !== 'EAGAIN') break;
       }
-      if (n === 0) break;
-      parts[parts.length] = Buffer.from(one.slice(0, n));
-      total += n;
-      if (one[n - 1] === 10) break;
     }
-    cfgText = Buffer.concat(parts, total).toString('utf8');
-  }
-  let childCfg;
-  try {
-    childCfg = parseJSON(cfgText);
-  } catch (e) {
-    return;
-  }
-  sign = signer(keyBuf);
-  channel = 3;
-  // The child's records are JSON arrays (the runner reads them), signed with the child's key.
-  emit = function emitChild(kind, ...fields) {
-    let body = '[' + seq + ',' + stringify(kind);
-    for (let i = 0; i < fields.length; i++) body += ',' + stringify(String(fields[i]));
-    body += ']';
-    seq++;
+    if (got !== 32) return null; // no key: nothing this process says counts
+    // Then what the runner was told: the workspace and the files the agent changed, one JSON line.
+    let cfgText = '';
+    {
+      const one = new Uint8ArrayC(4096);
+      const parts = [];
+      let total = 0;
+      for (let tries = 0; tries < 100000; tries++) {
+        let n = 0;
+        try {
+          n = readSync(3, one, 0, one.length, null);
+        } catch (e) {
+          if (e && e.code === 'EAGAIN') continue;
+          break;
+        }
+        if (n === 0) break;
+        parts[parts.length] = Buffer.from(one.slice(0, n));
+        total += n;
+        if (one[n - 1] === 10) break;
+      }
+      cfgText = Buffer.concat(parts, total).toString('utf8');
+    }
+    let childCfg;
     try {
-      writeSync(channel, body + '\t' + sign(body) + '\n');
+      childCfg = parseJSON(cfgText);
     } catch (e) {
-      // the channel was closed by the code under test: its witnesses are missing, nothing passes
+      return null;
     }
-  };
+    sign = signer(keyBuf);
+    channel = 3;
+    // The child's records are JSON arrays (the runner reads them), signed with the child's key.
+    emit = function emitChild(kind, ...fields) {
+      let body = '[' + seq + ',' + stringify(kind);
+      for (let i = 0; i < fields.length; i++) body += ',' + stringify(String(fields[i]));
+      body += ']';
+      seq++;
+      try {
+        writeSync(channel, body + '\t' + sign(body) + '\n');
+      } catch (e) {
+        // the channel was closed by the code under test: its witnesses are missing, nothing passes
+      }
+    };
+    return childCfg;
+  }
+
+  let witnessCfg;
+  if (isChild) {
+    witnessCfg = keyFromRunner();
+    if (witnessCfg === null) return;
+  } else {
+    witnessCfg = takeConfig();
+    if (witnessCfg === null) return;
+    sign = signer(Buffer.from(witnessCfg.key, 'hex'));
+    channel = stderrChannel();
+    emit('start', process.version, 'mocha');
+    process.on('exit', () => emit('end'));
+  }
   if (exposed) emit('exposed', exposed);
   try {
     const fromWorkers = new workerThreads.BroadcastChannel(GUARD_CHANNEL);
@@ -490,10 +556,11 @@
     return;
   }
 
-  const cfgWorkspace = String(childCfg.workspace || process.cwd());
+  const cfgWorkspace = String(witnessCfg.workspace || process.cwd());
   const changed = ObjectCreate(null);
-  const changedList = childCfg.changed || [];
+  const changedList = witnessCfg.changed || [];
   for (let i = 0; i < changedList.length; i++) changed[resolvePath(cfgWorkspace, String(changedList[i]))] = true;
+  agentFile = (file) => changed[file] === true;
 
   // The assertion library and the built-ins the tests compare with, as they are now; checked
   // before every witnessed pass (a replaced assert.strictEqual passes everything).
@@ -521,10 +588,7 @@
         const name = names[i];
         const d = ObjectGetOwnPropertyDescriptor(obj, name);
         const now = d && ('value' in d ? d.value : d.get);
-        if (!(name in seen)) {
-          if (typeof now === 'function') return label + '.' + name + ' was added';
-          continue;
-        }
+        if (!(name in seen)) continue; // added (a plugin of the tests'): what was there still is
         if (now !== seen[name] && (typeof seen[name] === 'function' || typeof now === 'function')) {
           return label + '.' + String(name) + ' was replaced';
         }
@@ -564,7 +628,7 @@
     if (!frames || typeof frames.length !== 'number') return null;
     for (let i = 0; i < frames.length; i++) {
       const f = callSiteFile(frames[i]);
-      if (f && f !== GUARD_FILE && !startsWith(f, 'node:')) {
+      if (f && f !== GUARD_FILE && !startsWith(f, 'node:') && (mochaRoot === null || !startsWith(f, mochaRoot))) {
         if (!startsWith(f, 'file:')) return f;
         try {
           return fileURLToPath(f);
@@ -582,7 +646,7 @@
     return startsWith(file, ws) && indexOf(file, '/node_modules/') === -1;
   }
 
-  function witness(id, outcome) {
+  function witness(id, outcome, file) {
     if (outcome === 'passed') {
       const broken = intact();
       if (broken) {
@@ -590,7 +654,8 @@
         outcome = 'error'; // not the test's failure: the guard's verdict (tampering says why)
       }
     }
-    emit('witness', id, outcome);
+    if (isChild) emit('witness', id, outcome); // the runner knows the file
+    else emit('witness', file, id, outcome);
   }
 
   const suites = []; // names of the describe blocks being registered
@@ -610,7 +675,7 @@
   }
 
   // A test body as the runner will call it, reporting how it ended.
-  function witnessed(id, fn) {
+  function witnessed(id, fn, file) {
     const wrapper = function (...args) {
       const t = args[0];
       if (t && typeof t === 'object' && typeof t.test === 'function') {
@@ -624,13 +689,13 @@
       if (fn.length >= 2 && typeof args[1] === 'function') {
         const done = args[1];
         args[1] = function (err) {
-          witness(id, err ? 'failed' : 'passed');
+          witness(id, err ? 'failed' : 'passed', file);
           return ReflectApply(done, this, arguments);
         };
         try {
           return ReflectApply(fn, this, args);
         } catch (e) {
-          witness(id, 'failed');
+          witness(id, 'failed', file);
           throw e;
         }
       }
@@ -638,18 +703,18 @@
       try {
         r = ReflectApply(fn, this, args);
       } catch (e) {
-        witness(id, 'failed');
+        witness(id, 'failed', file);
         throw e;
       }
       if (r !== null && (typeof r === 'object' || typeof r === 'function') && typeof r.then === 'function') {
         return new Promise((resolve, reject) => {
           ReflectApply(r.then, r, [
-            (v) => { witness(id, 'passed'); resolve(v); },
-            (e) => { witness(id, 'failed'); reject(e); },
+            (v) => { witness(id, 'passed', file); resolve(v); },
+            (e) => { witness(id, 'failed', file); reject(e); },
           ]);
         });
       }
-      witness(id, 'passed');
+      witness(id, 'passed', file);
       return r;
     };
     ObjectDefineProperty(wrapper, 'length', { value: fn.length });
@@ -680,7 +745,7 @@
             }
           };
         } else {
-          args[i] = witnessed(id, fn);
+          args[i] = witnessed(id, fn, from);
         }
       }
       return ReflectApply(orig, this, args);
@@ -691,30 +756,68 @@
     return reg;
   }
 
-  const nodeTest = require('node:test');
-  const facade = registrar(nodeTest, 'test');
-  for (const name of ObjectGetOwnPropertyNames(nodeTest)) {
-    if (name === 'length' || name === 'name' || name === 'prototype') continue;
-    const value = nodeTest[name];
-    let mine = value;
-    if (name === 'test') mine = facade;
-    else if (name === 'it') mine = registrar(value, 'test');
-    else if (name === 'describe' || name === 'suite') mine = registrar(value, 'describe');
-    if (!(name in facade) || name === 'test') facade[name] = mine;
-    try {
-      nodeTest[name] = mine; // named imports (ESM) and test.it read these
-    } catch (e) {
-      // read-only: that name goes unwitnessed
+  // mocha: every test a test file adds to a suite, witnessed the same way (its id is mocha's full
+  // title, as its TAP reporter prints it).
+  let mochaHooked = false;
+  function hookMocha(Suite) {
+    if (mochaHooked || typeof Suite !== 'function' || Suite.name !== 'Suite' || !Suite.prototype) return;
+    const addTest = Suite.prototype.addTest;
+    if (typeof addTest !== 'function') return;
+    mochaHooked = true;
+    Suite.prototype.addTest = function (test) {
+      if (test && typeof test.fn === 'function') {
+        let id = String(test.title);
+        for (let p = this; p && !p.root; p = p.parent) id = String(p.title) + ' ' + id;
+        const from = caller();
+        if (!fromTestFile(from)) {
+          tamper('a test (' + id + ') was added from ' + (from || 'an unknown place') + ', not from a test file');
+        } else {
+          test.fn = witnessed(id, test.fn, from);
+        }
+      }
+      return ReflectApply(addTest, this, [test]);
+    };
+  }
+  // Assertion libraries the tests load are watched like node's assert (chai's methods live on
+  // its Assertion's prototype).
+  const watchedLibs = ObjectCreate(null);
+  function watchLibrary(request, exp) {
+    if (request !== 'chai' || watchedLibs[request] || !exp || typeof exp !== 'object') return;
+    watchedLibs[request] = true;
+    watch('chai', exp);
+    if (exp.Assertion && exp.Assertion.prototype) watch('chai.Assertion.prototype', exp.Assertion.prototype);
+    if (exp.assert) watch('chai.assert', exp.assert);
+  }
+
+  let nodeTest = null;
+  let facade = null;
+  if (isChild) {
+    nodeTest = require('node:test');
+    facade = registrar(nodeTest, 'test');
+    for (const name of ObjectGetOwnPropertyNames(nodeTest)) {
+      if (name === 'length' || name === 'name' || name === 'prototype') continue;
+      const value = nodeTest[name];
+      let mine = value;
+      if (name === 'test') mine = facade;
+      else if (name === 'it') mine = registrar(value, 'test');
+      else if (name === 'describe' || name === 'suite') mine = registrar(value, 'describe');
+      if (!(name in facade) || name === 'test') facade[name] = mine;
+      try {
+        nodeTest[name] = mine; // named imports (ESM) and test.it read these
+      } catch (e) {
+        // read-only: that name goes unwitnessed
+      }
     }
   }
   const origLoad = Module._load;
   Module._load = function (request, ...rest) {
-    if (request === 'node:test' || request === 'test') {
-      const real = ReflectApply(origLoad, this, [request, ...rest]);
-      return real === nodeTest ? facade : real;
-    }
-    return ReflectApply(origLoad, this, [request, ...rest]);
+    const exp = ReflectApply(origLoad, this, [request, ...rest]);
+    if (nodeTest !== null && exp === nodeTest) return facade;
+    if (mochaRoot !== null && !mochaHooked) hookMocha(exp);
+    if (typeof request === 'string' && request === 'chai') watchLibrary(request, exp);
+    return exp;
   };
+
   // ES modules import node:test without Module._load: a resolve hook (node >= 18.19) sends
   // `node:test` to a module that re-exports the same witnessed functions. A hook the code under
   // test registers later runs first and may send it back to the builtin: those tests then go
@@ -734,7 +837,7 @@
       if (dir === '/' || dir === '.') return false;
     }
   }
-  if (typeof Module.register === 'function' && esModule(process.argv[1])) {
+  if (isChild && typeof Module.register === 'function' && esModule(process.argv[1])) {
     const names = [];
     for (const name of ObjectGetOwnPropertyNames(nodeTest)) {
       if (name !== 'length' && name !== 'name' && name !== 'prototype' && /^[A-Za-z_$][\w$]*$/.test(name)) names[names.length] = name;
