@@ -299,3 +299,20 @@ def test_import_a_parquet_file_from_the_command_line(tmp_path: Path) -> None:
                      "swebench/sweb.eval.x86_64.{docker_id}:latest", "--out", str(out)]) == 0  # fmt: skip
     tasks = load_tasks(out)
     assert len(tasks) == 23 and all(t.spec.evaluation.id_match == "first-word" for t in tasks)
+
+
+def test_a_record_that_cannot_be_imported_is_skipped_and_said(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One bad record among good ones (a line that is not JSON, a record without tests): the rest
+    are imported and each skipped one is named with its reason; --strict stops at the first."""
+    good = [r for r in read_records(SWEBENCH / "SWE-bench_Lite-dev.sample.jsonl")][:2]
+    bad = {**good[0], "instance_id": "broken__record-1", "FAIL_TO_PASS": "[oops"}
+    lines = [json.dumps(good[0]), "{not json", json.dumps(bad), json.dumps(good[1])]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    argv = ["tasks", "import-swebench", str(tmp_path / "in.jsonl"), "--image", "x/{instance_id}"]
+    assert cli.main([*argv, "--out", str(tmp_path / "out.jsonl")]) == 0
+    err = capsys.readouterr().err
+    assert [t.spec.id for t in load_tasks(tmp_path / "out.jsonl")] == [good[0]["instance_id"], good[1]["instance_id"]]
+    assert "in.jsonl:2: not a JSON line" in err and "skipped broken__record-1" in err, err
+    assert "2 task(s) imported, 2 record(s) skipped" in err, err
+    assert cli.main([*argv, "--strict", "--out", str(tmp_path / "strict.jsonl")]) != 0
+    assert "in.jsonl:2" in capsys.readouterr().err and not (tmp_path / "strict.jsonl").exists()

@@ -134,14 +134,15 @@ async def _schema(args: argparse.Namespace) -> int:
 DATASET_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
-def read_records(src: Path) -> list[dict[str, Any]]:
+def read_records(src: Path, skipped: list[str] | None = None) -> list[dict[str, Any]]:
     """The records of a dataset file as published (JSONL, a JSON list or object, Parquet) or of a
-    folder of such files (in name order). Raises InvalidArgument saying which file and line."""
+    folder of such files (in name order). Raises InvalidArgument saying which file and line; with
+    ``skipped``, a JSONL line that is not a JSON object is left out and said there instead."""
     if src.is_dir():
         files = sorted(p for p in src.iterdir() if p.is_file() and p.name.endswith(DATASET_SUFFIXES))
         if not files:
             raise InvalidArgument(f"{src}: a folder without dataset files ({', '.join(DATASET_SUFFIXES)})")
-        return [r for f in files for r in read_records(f)]
+        return [r for f in files for r in read_records(f, skipped)]
     if not src.is_file():
         raise InvalidArgument(f"{src}: no such file or folder")
     if src.suffix == ".parquet":
@@ -161,9 +162,16 @@ def read_records(src: Path) -> list[dict[str, Any]]:
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
-                    docs.append(json.loads(line))
+                    doc = json.loads(line)
                 except ValueError as e:
-                    raise InvalidArgument(f"{src}:{n}: not a JSON line: {e}") from None
+                    if skipped is None:
+                        raise InvalidArgument(f"{src}:{n}: not a JSON line: {e}") from None
+                    skipped.append(f"{src}:{n}: not a JSON line: {e}")
+                    continue
+                if not isinstance(doc, dict) and skipped is not None:
+                    skipped.append(f"{src}:{n}: not a JSON object")
+                    continue
+                docs.append(doc)
     if not all(isinstance(d, dict) for d in docs):
         raise InvalidArgument(f"{src}: every record must be a JSON object")
     return docs
@@ -186,7 +194,8 @@ def _parquet_records(src: Path) -> list[dict[str, Any]]:
 async def _import_swebench(args: argparse.Namespace) -> int:
     from rlsandbox.daemon.grading.importers import from_swebench, record_variant
 
-    docs = read_records(Path(args.path))
+    skipped: list[str] = []  # records left out, each with its reason (all of them, with --strict: none)
+    docs = read_records(Path(args.path), None if args.strict else skipped)
     env = dict(_key_value(kv) for kv in args.env or [])
     if args.repo and args.out in (None, "-"):
         raise InvalidArgument("--repo writes a workspace tarball per instance beside --out: give --out FILE.jsonl")
@@ -200,8 +209,9 @@ async def _import_swebench(args: argparse.Namespace) -> int:
     lines: list[str] = []
     try:
         for doc in docs:
-            tar = _archive_base_commit(args.repo, doc, out_path, written) if args.repo and out_path else None
+            mine = len(written)
             try:
+                tar = _archive_base_commit(args.repo, doc, out_path, written) if args.repo and out_path else None
                 r2egym = args.variant == "r2e-gym" or (args.variant == "auto" and record_variant(doc) == "r2e-gym")
                 tests = await _r2egym_image_tests(doc, args) if args.tests_from_image and r2egym else None
                 spec = from_swebench(
@@ -216,9 +226,21 @@ async def _import_swebench(args: argparse.Namespace) -> int:
                     report_format=args.report_format,
                     tests=tests,
                 )
-            except ValueError as e:  # TaskError, or the task format's own check (a report format, say)
-                raise InvalidArgument(str(e)) from None
+            except (ValueError, InvalidArgument) as e:  # TaskError, the task format's own check, git archive
+                if args.strict:
+                    raise InvalidArgument(str(e)) from None
+                for path in written[mine:]:  # this record's tarball, not the folder others share
+                    if not path.is_dir():
+                        path.unlink(missing_ok=True)
+                        written.remove(path)
+                iid = doc.get("instance_id") if isinstance(doc, dict) else None
+                skipped.append(f"{iid or 'a record'}: {e}" if iid and not str(e).startswith(str(iid)) else str(e))
+                continue
             lines.append(spec.model_dump_json(exclude_none=True) + "\n")
+        for why in skipped:
+            print(f"skipped {why}", file=sys.stderr)
+        if skipped and not lines:
+            raise InvalidArgument(f"no record could be imported ({len(skipped)} skipped; the first: {skipped[0]})")
         if out_path is None:
             sys.stdout.writelines(lines)
         else:
@@ -232,7 +254,8 @@ async def _import_swebench(args: argparse.Namespace) -> int:
             elif not any(path.iterdir()):
                 path.rmdir()
         raise
-    print(f"{len(docs)} task(s) imported", file=sys.stderr)
+    more = f", {len(skipped)} record(s) skipped (listed above; --strict stops at the first)" if skipped else ""
+    print(f"{len(lines)} task(s) imported{more}", file=sys.stderr)
     return 0
 
 
@@ -495,6 +518,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "SWE-bench-style sets), swesmith (the bug patch, tests in the repository), r2e-gym (R2E-Gym's own: "
         "expected_output_json, tests in the image), multi-swe-bench (fix_patch, base.sha, f2p_tests: give "
         "--test-command); auto tells them apart by their fields",
+    )
+    sw.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop at the first record that cannot be imported (default: skip it, say why on stderr, import the rest)",
     )
     sw.add_argument(
         "--tests-from-image",
