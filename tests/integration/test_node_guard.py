@@ -238,6 +238,7 @@ async def test_a_mocha_task_pays_for_the_fix_only(nclient: AsyncClient, mocha_ta
         "slugify trims separators at both ends": "failed",
         "slugify lower-cases words": "passed",
         "titleCase capitalises each word": "passed",
+        "titleCase, called back capitalises after a tick": "passed",
     }, empty.message
     assert gold.status == "ok" and gold.reward == 1.0, (gold.message, gold.log.decode(errors="replace"))
     assert not gold.tampering and "guard" not in gold.message, gold.message

@@ -675,8 +675,12 @@
   }
 
   // A test body as the runner will call it, reporting how it ended.
-  function witnessed(id, fn, file) {
+  // ``doneAt``: where the runner passes a done callback to a function that takes one (node:test:
+  // second, after its context; mocha and jest: first). ``id``: the test's id, or a function that
+  // tells it as the test runs (jest, whose runner knows it then).
+  function witnessed(given, fn, file, doneAt) {
     const wrapper = function (...args) {
+      const id = typeof given === 'function' ? given() : given;
       const t = args[0];
       if (t && typeof t === 'object' && typeof t.test === 'function') {
         const sub = t.test;
@@ -686,9 +690,9 @@
           // a context that cannot take it: its subtests go unwitnessed (they do not pass)
         }
       }
-      if (fn.length >= 2 && typeof args[1] === 'function') {
-        const done = args[1];
-        args[1] = function (err) {
+      if (fn.length > doneAt && typeof args[doneAt] === 'function') {
+        const done = args[doneAt];
+        args[doneAt] = function (err) {
           witness(id, err ? 'failed' : 'passed', file);
           return ReflectApply(done, this, arguments);
         };
@@ -745,7 +749,7 @@
             }
           };
         } else {
-          args[i] = witnessed(id, fn, from);
+          args[i] = witnessed(id, fn, from, 1);
         }
       }
       return ReflectApply(orig, this, args);
@@ -772,7 +776,7 @@
         if (!fromTestFile(from)) {
           tamper('a test (' + id + ') was added from ' + (from || 'an unknown place') + ', not from a test file');
         } else {
-          test.fn = witnessed(id, test.fn, from);
+          test.fn = witnessed(id, test.fn, from, 0);
         }
       }
       return ReflectApply(addTest, this, [test]);
