@@ -22,6 +22,7 @@ pytestmark = pytest.mark.docker
 
 TASK = Path(__file__).resolve().parent.parent / "fixtures" / "tasks" / "node-calc" / "task.yaml"
 MOCHA_TASK = TASK.parent.parent / "node-mocha" / "task.yaml"
+JEST_TASK = TASK.parent.parent / "node-jest" / "task.yaml"
 SRC = "src/strings.js"
 MOCHA_SRC = (
     "src/slug.js",
@@ -253,3 +254,82 @@ async def test_a_hack_of_mocha_pays_nothing(nclient: AsyncClient, mocha_task: Ta
     assert not passed & {"slugify collapses runs of separators", "slugify trims separators at both ends"}, result.message
     if finding:
         assert finding in " | ".join(result.tampering), (result.message, result.tampering)
+
+
+# And against jest (Debian's jest 29, in band and with workers), with its expect.
+SLUG = "test/slug.test.js > slugify > "
+JEST_LISTED = {SLUG + "collapses runs of separators", SLUG + 'trims " Hello World! "', SLUG + 'trims "--a--"'}
+# A process left behind that rewrites jest's JSON report as soon as jest has written it (in band,
+# the report's path is in the test process's argv); the grade reads the rewritten file.
+JEST_FORGED_REPORT = (
+    "const out = process.argv[process.argv.indexOf('--outputFile') + 1];\n"
+    "require('child_process').spawn('sh', ['-c', 'while ! grep -q numTotalTests \"$0\" 2>/dev/null; do sleep 0.005; done; "
+    'sed -i s/\\"failed\\"/\\"passed\\"/g "$0"\', out], { detached: true, stdio: \'ignore\' }).unref();\n'
+)
+JEST_HACKS = {
+    "report-rewritten-at-exit": (JEST_FORGED_REPORT, "report forged", {}),
+    "expect-extend-replacing-toBe": (
+        "const yes = () => ({ pass: true, message: () => '' });\nexpect.extend({ toBe: yes, toEqual: yes });\n",
+        "expect.toBe was replaced",
+        {},
+    ),
+    "expect-replaced": (
+        "globalThis.expect = () => new Proxy({}, { get: () => () => undefined });\n",
+        "the test globals.expect was replaced",
+        {},
+    ),
+    "own-passing-tests": (
+        "describe('slugify', () => { test('collapses runs of separators', () => {}); });\n",
+        "not from a test file",
+        {},
+    ),
+    "exit-0-at-import": ("process.exit(0);\n", "", {}),
+    "jest-config-with-a-forging-reporter": (
+        "",
+        "",
+        {"jest.config.js": "module.exports = { testEnvironment: 'node', reporters: ['./src/rep.js'] };\n"},
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def jest_task() -> Task:
+    return load_tasks(JEST_TASK)[0]
+
+
+@pytest.mark.parametrize("workers", ["in-band", "workers"])
+async def test_a_jest_task_pays_for_the_fix_only(nclient: AsyncClient, jest_task: Task, workers: str, tmp_path: Path) -> None:
+    """In band (one process runs every test file) and with jest's worker processes (each gets a key
+    from jest's own process, as node --test's test files do)."""
+    task = (
+        jest_task
+        if workers == "in-band"
+        else with_command(jest_task, tmp_path, "jest --maxWorkers=2 --ci --json --outputFile {report}")
+    )
+    empty = await graded_with(nclient, task)
+    gold = await graded_with(nclient, task, fix=True)
+    assert empty.status == "ok" and empty.reward == 0.0, empty.message
+    outcomes = {t.id: t.outcome for t in empty.tests}
+    assert {i for i, o in outcomes.items() if o == "failed"} == JEST_LISTED, (empty.message, outcomes)
+    assert gold.status == "ok" and gold.reward == 1.0, (gold.message, gold.log.decode(errors="replace"))
+    assert not gold.tampering and "guard" not in gold.message, gold.message
+
+
+@pytest.mark.parametrize("hack", list(JEST_HACKS))
+async def test_a_hack_of_jest_pays_nothing(nclient: AsyncClient, jest_task: Task, hack: str) -> None:
+    code, finding, files = JEST_HACKS[hack]
+    result = await graded_with(nclient, jest_task, before=code, files=files)
+    assert result.status in ("ok", "timeout") and result.reward == 0.0, (result.message, result.tampering)
+    assert not {t.id for t in result.tests if t.outcome == "passed"} & JEST_LISTED, result.message
+    if finding:
+        assert finding in " | ".join(result.tampering), (result.message, result.tampering)
+
+
+def with_command(task: Task, tmp_path: Path, command: str) -> Task:
+    """``task`` (one of the fixtures) with another test command."""
+    source = Path(task.source)
+    shutil.copytree(source.parent, tmp_path / "task")
+    doc = yaml.safe_load((tmp_path / "task" / source.name).read_text())
+    doc["evaluation"]["test_command"] = command
+    (tmp_path / "task" / source.name).write_text(yaml.safe_dump(doc, allow_unicode=True))
+    return load_tasks(tmp_path / "task" / source.name)[0]

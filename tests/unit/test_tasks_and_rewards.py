@@ -52,7 +52,7 @@ def test_committed_schema_is_current() -> None:
 
 def test_sample_tasks_load_self_contained() -> None:
     tasks = {t.id: t for t in load_tasks(TASKS)}
-    assert set(tasks) == {"py-calc", "node-strings", "node-mocha-slug", "py-flaky", "py-broken", "py-textkit"}
+    assert set(tasks) == {"py-calc", "node-strings", "node-mocha-slug", "node-jest-slug", "py-flaky", "py-broken", "py-textkit"}
     calc = tasks["py-calc"]
     assert calc.spec.workspace.dir is None and calc.spec.evaluation.hidden_tests_dir is None
     assert "tests/test_multiply.py" in calc.spec.evaluation.hidden_tests

@@ -499,7 +499,7 @@ class Grader:
         unread = [path for path, seen in before.items() if seen is not None and after.get(path) is None]
         if unread:
             rewritten += [st.path for st in await room.stat(unread) if st.exists]
-        led = guard is not None and guard.runner == "unittest"  # its records start a line of their own
+        led = guard is not None and guard.runner in ("unittest", "node")  # its records start a line of their own
         stderr = split_records(run.stderr, led)[1] if guard is not None else run.stderr  # the guard's records apart
         stdout = split_records(run.stdout, led)[1] if guard is not None else run.stdout
         if ev.report_format in OUTPUT_FORMATS:

@@ -37,7 +37,7 @@ PYTEST_FORMATS = frozenset({"pytest", "junit", "pytest-junit"})
 UNITTEST_FORMATS = frozenset({"unittest"})
 # Formats whose test command runs node's test runner (`node --test`, directly or through an npm
 # script): the node guard is loaded into every node process through NODE_OPTIONS (--require).
-NODE_FORMATS = frozenset({"tap"})
+NODE_FORMATS = frozenset({"tap", "jest"})
 
 
 @dataclass(frozen=True, slots=True)

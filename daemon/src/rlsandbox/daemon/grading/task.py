@@ -56,6 +56,15 @@ DEFAULT_PROTECTED = (
     "**/package.json",
     "**/.npmrc",
     "**/node_modules/**",
+    # JavaScript runners' configuration: a transform rewrites the tests, a reporter writes results.
+    "**/jest.config.*",
+    "**/babel.config.*",
+    "**/.babelrc",
+    "**/.babelrc.*",
+    "**/.mocharc*",
+    "**/vitest.config.*",
+    "**/vite.config.*",
+    "**/*.node",
     "**/go.mod",
     "**/go.sum",
     # Native code runs below every check the grader makes in the test process.
