@@ -34,10 +34,13 @@ def free_port() -> int:
 class NatsServer:
     """``await start()``, ``url``, ``await stop()``; restartable on the same port and store."""
 
-    def __init__(self, store_dir: str | Path, port: int | None = None, extra_args: Sequence[str] = ()) -> None:
-        """``extra_args``: more nats-server flags (``--user u --pass p``, ``--auth TOKEN``)."""
+    def __init__(
+        self, store_dir: str | Path, port: int | None = None, extra_args: Sequence[str] = (), config: str | Path | None = None
+    ) -> None:
+        """``extra_args``: more nats-server flags (``--user u --pass p``, ``--auth TOKEN``);
+        ``config``: a configuration file (the roles' ``authorization`` of events/nats_auth.py)."""
         self.store_dir = Path(store_dir)
-        self.extra_args = tuple(extra_args)
+        self.extra_args = (*(("-c", str(config)) if config else ()), *extra_args)
         self.port = port or free_port()
         self.process: asyncio.subprocess.Process | None = None
 
