@@ -6,14 +6,16 @@ refusals are the permissions' doing, not a malformed event's."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import nats
 import orjson
 import pytest
 from helpers import events_config, eventually, running_daemon
-from rlsandbox.client import AsyncClient
-from rlsandbox.daemon.errors import InvalidArgument
+from rlsandbox.client import AsyncClient, TaskRef
 from rlsandbox.daemon.events.aggregator import Aggregator
 from rlsandbox.daemon.events.connection import NatsAuth
 from rlsandbox.daemon.events.model import REWARD, Event
@@ -22,6 +24,8 @@ from rlsandbox.daemon.events.nats_server import NatsServer
 from rlsandbox.v1 import sandbox_pb2 as pb
 
 pytestmark = pytest.mark.docker
+
+TASK = Path(__file__).resolve().parent.parent / "fixtures" / "tasks" / "py-calc"
 
 
 def auth(keys: BusKeys, role: str, node_id: str = "") -> dict[str, str]:
@@ -49,6 +53,15 @@ async def post(url: str, event: Event, **login: str) -> str:
         await nc.close()
 
 
+def push(url: str, user: str, password_file: Path, task: Path = TASK) -> list[dict[str, object]]:
+    """`rlsandbox tasks push` of ``task`` as ``user``; raises AssertionError with its stderr."""
+    cli = [sys.executable, "-m", "rlsandbox.daemon.cli", "tasks", "push", str(task), "--nats", url]
+    cli += ["--nats-user", user, "--nats-password-file", str(password_file)]
+    done = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
 async def anonymous(url: str) -> str:
     """NATS's protocol by hand, with no user (nats-py leaves a socket open when a connect fails)."""
     host, port = url.removeprefix("nats://").split(":")
@@ -74,12 +87,22 @@ async def test_only_a_node_posts_its_own_events_and_entry(tmp_path: Path, images
     agg_task = asyncio.create_task(agg.run())
     try:
         await asyncio.wait_for(agg.started.wait(), 30)
+        # The trainer pushes a task bundle; a node may not (it would squat a ref).
+        [pushed] = await asyncio.to_thread(push, server.url, "trainer", keys.password_file("trainer"))
+        with pytest.raises(AssertionError, match=r"ermission|uthoriz|imeout"):
+            other = TASK.parent / "py-textkit"
+            await asyncio.to_thread(push, server.url, "node-node-a", keys.password_file("node", "node-a"), other)
         (tmp_path / "a").mkdir()
         config = events_config(tmp_path / "a", server.url, node_id="node-a", **keys.daemon_options("node-a"))
         async with running_daemon(config) as node, AsyncClient(node.address) as client:
             async with client.session("busybox") as s:
                 await s.exec("true")
                 sid = s.id
+            session = await client.create_session(task=TaskRef(str(pushed["ref"])))
+            try:
+                assert "def multiply" in (await session.exec("cat calc/__init__.py")).stdout_text  # read as the node
+            finally:
+                await session.close()
 
             async def closed() -> bool:
                 timeline = await asyncio.to_thread(agg.store.timeline, sid)
@@ -128,17 +151,3 @@ async def test_only_a_node_posts_its_own_events_and_entry(tmp_path: Path, images
         agg.stop()
         await asyncio.wait_for(agg_task, 30)
         await server.stop()
-
-
-def test_keys_are_kept_and_node_ids_checked(tmp_path: Path) -> None:
-    first = write_keys(tmp_path, ["n1"])
-    secret = first.password_file("admin").read_text()
-    again = write_keys(tmp_path, ["n1", "n2"])
-    assert again.password_file("admin").read_text() == secret and again.password_file("node", "n2").exists()
-    text = again.server_config.read_text()
-    assert '"user": "node-n2"' in text and '"rlsandbox.v1.n2.>"' in text and '"rlsandbox.v1.n1.>"' in text
-    dotted = write_keys(tmp_path, ["host.example"])  # a host name: its subjects spell it host_example
-    assert dotted.password_file("node", "host.example").name == "node-host_example.password"
-    assert '"rlsandbox.v1.host_example.>"' in dotted.server_config.read_text()
-    with pytest.raises(InvalidArgument, match="same subjects"):
-        write_keys(tmp_path, ["a.b", "a_b"])

@@ -136,7 +136,32 @@ async def _export(args: argparse.Namespace) -> int:
     return 0 if n else 1
 
 
+async def _keys_init(args: argparse.Namespace) -> int:
+    from rlsandbox.daemon.events.nats_auth import write_keys
+
+    keys = write_keys(args.dir, args.node)
+    folder = keys.folder.resolve()
+    print(f"NATS users written to {folder} (secrets 0600; existing ones kept):")
+    print(f"  nats-server:  nats-server -js -c {folder / 'nats-auth.conf'}   (or include it in your configuration)")
+    for node in sorted(set(args.node)):
+        options = keys.daemon_options(node)
+        print(f'  node {node}:  nats_user = "{options["nats_user"]}"  nats_password_file = "{options["nats_password_file"]}"')
+    print(f"  aggregator:   --nats-user aggregator --nats-password-file {keys.password_file('aggregator')}")
+    print(f"  trainer:      rlsandbox tasks push ... --nats-user trainer --nats-password-file {keys.password_file('trainer')}")
+    print(f'  admin:        nats --user admin --password "$(cat {keys.password_file("admin")})" ...')
+    return 0
+
+
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    keys = sub.add_parser("keys", help="NATS users for each role (node, aggregator, trainer, admin) and their permissions")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    ki = keys_sub.add_parser(
+        "init", help="write a secret per role and nats-server's authorization for them (run again to add a node)"
+    )
+    ki.add_argument("--dir", required=True, help="the folder for the secrets and nats-auth.conf (created 0700)")
+    ki.add_argument("--node", action="append", required=True, metavar="NODE_ID", help="a node's id; repeat for each node")
+    ki.set_defaults(handler=_keys_init)
+
     agg = sub.add_parser("aggregator", help="consume the events stream into a database (SQLite or PostgreSQL), serve queries")
     agg.add_argument("--nats", default="nats://127.0.0.1:4222", help="NATS server URL(s)")
     agg.add_argument("--db", default=os.environ.get(DB_ENV, DEFAULT_DB), help=DB_HELP)

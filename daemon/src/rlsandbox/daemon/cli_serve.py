@@ -197,21 +197,31 @@ async def _up(args: argparse.Namespace) -> int:
 async def _embedded_events(
     config: DaemonConfig, state: Path, http: str = "127.0.0.1:7421"
 ) -> AsyncIterator[tuple[DaemonConfig, Any]]:
-    """No NATS configured: a local nats-server with JetStream and an aggregator, for this run."""
+    """No NATS configured: a local nats-server with JetStream and an aggregator, for this run, with
+    a user per role (events/nats_auth.py: no anonymous publisher, a node posts only its own)."""
     from rlsandbox.daemon.events.aggregator import Aggregator
+    from rlsandbox.daemon.events.connection import NatsAuth
+    from rlsandbox.daemon.events.nats_auth import write_keys
     from rlsandbox.daemon.events.nats_server import NatsServer, free_port
 
     port = 4222
     with socket.socket() as probe:
         if probe.connect_ex(("127.0.0.1", port)) == 0:
             port = free_port()  # something listens on the default port already: use another one
-    server = NatsServer(state / "jetstream", port=port)
+    keys = write_keys(state / "nats-keys", [config.node_id])
+    server = NatsServer(state / "jetstream", port=port, config=keys.server_config)
     await server.start()
-    aggregator = Aggregator(server.url, state / "aggregator.sqlite3", http=http or None)
+    login = NatsAuth(user="aggregator", password_file=str(keys.password_file("aggregator")))
+    aggregator = Aggregator(server.url, state / "aggregator.sqlite3", http=http or None, auth=login)
     agg_task = asyncio.create_task(aggregator.run())
-    print(f"events: embedded nats-server {server.url} (store {state / 'jetstream'}), aggregator {state / 'aggregator.sqlite3'}")
+    print(
+        f"events: embedded nats-server {server.url} (store {state / 'jetstream'}; a user per role, secrets in "
+        f"{keys.folder}), aggregator {state / 'aggregator.sqlite3'}"
+    )
     try:
-        updated = config.model_copy(update={"nats_url": server.url, "events_outbox": str(state / "events-outbox.sqlite3")})
+        bus = {"nats_url": server.url, "events_outbox": str(state / "events-outbox.sqlite3")}
+        bus |= keys.daemon_options(config.node_id)
+        updated = config.model_copy(update=bus)
         yield updated, aggregator
     finally:
         aggregator.stop()

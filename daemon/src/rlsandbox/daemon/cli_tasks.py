@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import re
@@ -11,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlsandbox.daemon.errors import InvalidArgument
+from rlsandbox.daemon.errors import FailedPrecondition, InvalidArgument
 
 DEFAULT_TARGET = os.environ.get("RLSANDBOX_TARGET", "127.0.0.1:7420")
 
@@ -404,13 +405,41 @@ async def _push(args: argparse.Namespace) -> int:
     from rlsandbox.daemon.grading.task import MAX_BUNDLE_WORKSPACE_BYTES
 
     tasks = _load(args.path, workspace_limit=MAX_BUNDLE_WORKSPACE_BYTES)
-    auth = NatsAuth(credentials=args.nats_creds, token_file=args.nats_token_file, tls_ca=args.nats_tls_ca)
-    nc = await nats.connect(servers(args.nats), name="rlsandbox-tasks-push", connect_timeout=5, **auth.connect_options())
+    auth = NatsAuth(
+        credentials=args.nats_creds,
+        token_file=args.nats_token_file,
+        user=args.nats_user,
+        password_file=args.nats_password_file,
+        tls_ca=args.nats_tls_ca,
+    )
+    # The server answers a publish the user may not make with an asynchronous error, never an
+    # ack: without this, the push would wait out its timeout for every chunk.
+    denied: list[str] = []
+    refused = asyncio.Event()
+
+    async def on_error(e: Exception) -> None:
+        if "permissions violation" in str(e).lower():
+            denied.append(str(e))
+            refused.set()
+
+    nc = await nats.connect(
+        servers(args.nats), name="rlsandbox-tasks-push", connect_timeout=5, error_cb=on_error, **auth.connect_options()
+    )
     stored = 0
     try:
         js = nc.jetstream(timeout=120)
         for task in tasks:
-            ref, new = await push(js, task)
+            pushing = asyncio.ensure_future(push(js, task))
+            waiting = asyncio.ensure_future(refused.wait())
+            await asyncio.wait({pushing, waiting}, return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
+            if not pushing.done():
+                pushing.cancel()
+                raise FailedPrecondition(
+                    f"NATS refused the push ({denied[0]}): push with the trainer's user "
+                    "(--nats-user trainer --nats-password-file ...; rlsandbox keys init)"
+                )
+            ref, new = pushing.result()
             stored += new
             print(json.dumps({"id": task.id, "ref": ref, "bytes": len(task.workspace_tar), "stored": new}))
     finally:
@@ -576,6 +605,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     ps.add_argument("--nats", default="nats://127.0.0.1:4222", help="NATS server URL")
     ps.add_argument("--nats-creds", default=None, help="NATS .creds file")
     ps.add_argument("--nats-token-file", default=None, help="file holding the NATS token")
+    ps.add_argument("--nats-user", default=None, help="NATS user (the trainer's: rlsandbox keys init)")
+    ps.add_argument("--nats-password-file", default=None, help="file holding the NATS user's password")
     ps.add_argument("--nats-tls-ca", default=None, help="CA of the NATS server's certificate")
     ps.set_defaults(handler=_push)
 

@@ -107,6 +107,12 @@ class NodeDaemon:
             task_cache_bytes=config.task_cache_bytes,
         )
         self.events: EventPublisher | None = None
+        if config.nats_url and not config.nats_auth().connect_options():
+            log.warning(
+                "NATS at %s is used without credentials: anyone who reaches it can post events and rewards in this "
+                "node's name and join the node table. Give each role its user: `rlsandbox keys init` (docs/CLUSTER.md)",
+                config.nats_url,
+            )
         if config.nats_url:
             self.events = EventPublisher(
                 config.node_id,
