@@ -135,6 +135,16 @@ async def test_only_a_node_posts_its_own_events_and_entry(tmp_path: Path, images
                 await kv.put("node-b", b'{"node_id": "node-b"}')
         finally:
             await nc.close()
+        # Nor can the trainer make the events stream source a stream of its own.
+        nc = await nats.connect(server.url, allow_reconnect=False, **auth(keys, "trainer"))  # type: ignore[arg-type]
+        try:
+            js = nc.jetstream(timeout=2)
+            with pytest.raises(nats.errors.Error):
+                await js.add_stream(name="TRAINERS_OWN", subjects=["trainer.own"])
+            with pytest.raises(nats.errors.Error):
+                await js.stream_info("RLSANDBOX_EVENTS")
+        finally:
+            await nc.close()
         await asyncio.sleep(1)
         timeline = await asyncio.to_thread(agg.store.timeline, sid)
         assert not [e for e in timeline if e["type"] == REWARD and e["seq"] == 1000], timeline

@@ -24,19 +24,12 @@ from pathlib import Path
 
 from rlsandbox.daemon.cluster import BUCKET as NODES_BUCKET
 from rlsandbox.daemon.errors import InvalidArgument
-from rlsandbox.daemon.events.model import STREAM, SUBJECT_ROOT, token
+from rlsandbox.daemon.events.model import SUBJECT_ROOT, token
 from rlsandbox.daemon.grading.bundles import BUCKET as TASKS_BUCKET
 
 ROLES = ("node", "aggregator", "trainer", "admin")
 # What no role but the admin does to JetStream: delete or empty a stream, delete a message.
 _NEVER = ["$JS.API.STREAM.DELETE.*", "$JS.API.STREAM.PURGE.*", "$JS.API.STREAM.MSG.DELETE.*"]
-_EVENTS_READ = [
-    f"$JS.API.CONSUMER.*.{STREAM}",
-    f"$JS.API.CONSUMER.*.{STREAM}.>",
-    f"$JS.API.DIRECT.GET.{STREAM}",
-    f"$JS.API.DIRECT.GET.{STREAM}.>",
-    f"$JS.API.STREAM.MSG.GET.{STREAM}",
-]
 
 
 def user_name(role: str, node_id: str = "") -> str:
@@ -64,10 +57,21 @@ def permissions(role: str, node_id: str = "") -> dict[str, dict[str, list[str]]]
             "subscribe": {"allow": [*replies, "_RLSANDBOX.deliver.>"]},
         }
     if role == "trainer":
-        return {
-            "publish": {"allow": [f"$O.{TASKS_BUCKET}.>", "$JS.API.>", "$SRV.>", *replies], "deny": _NEVER + _EVENTS_READ},
-            "subscribe": {"allow": replies},
-        }
+        # JetStream's API for the bundles' object store only: with the whole API a trainer could
+        # update the events stream to source a stream of its own under a node's subjects.
+        store = f"OBJ_{TASKS_BUCKET}"
+        api = [
+            "$JS.API.INFO",
+            f"$JS.API.STREAM.INFO.{store}",
+            f"$JS.API.STREAM.CREATE.{store}",
+            f"$JS.API.STREAM.PURGE.{store}",  # an object put again drops its old chunks
+            f"$JS.API.STREAM.MSG.GET.{store}",
+            f"$JS.API.DIRECT.GET.{store}",
+            f"$JS.API.DIRECT.GET.{store}.>",
+            f"$JS.API.CONSUMER.*.{store}",
+            f"$JS.API.CONSUMER.*.{store}.>",
+        ]
+        return {"publish": {"allow": [f"$O.{TASKS_BUCKET}.>", *api, "$SRV.>", *replies]}, "subscribe": {"allow": replies}}
     if role == "admin":
         return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
     raise InvalidArgument(f"role {role!r}: one of {', '.join(ROLES)}")

@@ -64,7 +64,6 @@
   const Module = require('module');
   const workerThreads = require('worker_threads');
   const isMainThread = workerThreads.isMainThread;
-  const openSync = fs.openSync;
   const readSync = fs.readSync;
   const writeSync = fs.writeSync;
   const closeSync = fs.closeSync;
@@ -396,12 +395,11 @@
       return null; // a second runner (the tests started one): only the first one records
     }
   }
+  // The process's own stderr, fd 2 itself: a copy opened through /proc would keep an offset of its
+  // own where the command sends stderr to a file (the runner's writes would overwrite the records).
+  // Code under test that closes fd 2 only loses the records, and with them every pass.
   function stderrChannel() {
-    try {
-      return openSync('/proc/self/fd/2', 'a'); // stderr, whatever becomes of fd 2 (a file: at its end)
-    } catch (e) {
-      return 2; // undumpable and not root: /proc/self is root's
-    }
+    return 2;
   }
 
   // Every child process ``label(options)`` names (a test file's, a jest worker's) gets a key of
@@ -580,6 +578,39 @@
   }
 
   const cfgWorkspace = String(witnessCfg.workspace || process.cwd());
+  // Who installs a compile hook (Module.prototype._compile, Module.wrap, a handler of
+  // Module._extensions): ts-node or @babel/register from node_modules may; the agent's code, or a
+  // file that appeared during the run, may not (it could strip the assertions out of every test
+  // file loaded after it). The hooks become accessors that record who sets them.
+  function hookSetter(label) {
+    const from = setterCaller();
+    if (from !== null && agentWritten(from)) tamper(label + ' was replaced by ' + from + ' (a compile hook of the agent\'s)');
+  }
+  function guardSlot(obj, name, label) {
+    let value = obj[name];
+    try {
+      ObjectDefineProperty(obj, name, {
+        get() { return value; },
+        set(v) { hookSetter(label); value = v; },
+        enumerable: true,
+        configurable: false,
+      });
+    } catch (e) {
+      // already fixed by someone: left as it is
+    }
+  }
+  guardSlot(Module.prototype, '_compile', 'Module.prototype._compile');
+  guardSlot(Module, 'wrap', 'Module.wrap');
+  guardSlot(Module, 'wrapper', 'Module.wrapper');
+  {
+    const handlers = Module._extensions;
+    Module._extensions = new Proxy(handlers, {
+      set(target, key, v) { hookSetter('the ' + String(key) + ' compile handler'); target[key] = v; return true; },
+      defineProperty(target, key, d) { hookSetter('the ' + String(key) + ' compile handler'); return Reflect.defineProperty(target, key, d); },
+      deleteProperty(target, key) { hookSetter('the ' + String(key) + ' compile handler'); return delete target[key]; },
+    });
+    guardSlot(Module, '_extensions', 'Module._extensions');
+  }
   const changed = ObjectCreate(null);
   const changedList = witnessCfg.changed || [];
   for (let i = 0; i < changedList.length; i++) changed[resolvePath(cfgWorkspace, String(changedList[i]))] = true;
@@ -606,8 +637,23 @@
   const assertMod = require('assert');
   watch('assert', assertMod);
   watch('assert.strict', assertMod.strict);
-  // (Not the built-ins: node's assert compares with node's own primordials, which nothing can
-  // replace; tests mock built-ins themselves, Date.now or Math.random, and mocks are no tampering.)
+  // The built-ins an assertion library of the tests' compares with (node's assert uses node's own
+  // primordials, which nothing replaces; chai and jest's expect call Object.is, Object.keys,
+  // ... as they find them: one replaced makes every comparison agree). Not Date nor Math.random,
+  // which tests mock themselves.
+  function watchIntrinsics(realm, where) {
+    const pairs = [
+      ['Object', realm.Object], ['Object.prototype', realm.Object && realm.Object.prototype],
+      ['Array', realm.Array], ['Array.prototype', realm.Array && realm.Array.prototype],
+      ['String.prototype', realm.String && realm.String.prototype], ['Number', realm.Number],
+      ['Function.prototype', realm.Function && realm.Function.prototype], ['Reflect', realm.Reflect],
+      ['JSON', realm.JSON], ['Map.prototype', realm.Map && realm.Map.prototype],
+      ['Set.prototype', realm.Set && realm.Set.prototype], ['RegExp.prototype', realm.RegExp && realm.RegExp.prototype],
+      ['Symbol', realm.Symbol],
+    ];
+    for (let i = 0; i < pairs.length; i++) watch(where + pairs[i][0], pairs[i][1]);
+  }
+  watchIntrinsics(globalThis, '');
   // What was replaced or deleted of what is watched ('' if nothing): an added name (a plugin of the
   // tests', a matcher of theirs) changes nothing that was there.
   function intact() {
@@ -644,35 +690,79 @@
     if (!JEST_FRAMES.test(f)) return false;
     return !startsWith(f, cfgWorkspace + '/') || indexOf(f, '/node_modules/') !== -1;
   }
-  function caller() {
+  // The files of the frames that led here, innermost first, past this file, node's own and the
+  // runner's; null if the stack cannot be read (someone owns Error.prepareStackTrace).
+  function stackFiles() {
     if (callSiteFile === null) return null;
     const saved = ErrorC.prepareStackTrace;
+    const savedLimit = ErrorC.stackTraceLimit;
     let frames = null;
     try {
       const mine = (e, f) => f;
       ErrorC.prepareStackTrace = mine;
-      if (ErrorC.prepareStackTrace !== mine) return null; // someone owns the hook: unknown
+      if (ErrorC.prepareStackTrace !== mine) return null;
+      ErrorC.stackTraceLimit = 200;
       const probe = {};
       captureStackTrace(probe);
       frames = probe.stack;
     } catch (e) {
       return null;
     } finally {
-      try { ErrorC.prepareStackTrace = saved; } catch (e) { /* theirs */ }
+      try { ErrorC.prepareStackTrace = saved; ErrorC.stackTraceLimit = savedLimit; } catch (e) { /* theirs */ }
     }
     if (!frames || typeof frames.length !== 'number') return null;
+    const files = [];
     for (let i = 0; i < frames.length; i++) {
-      const f = callSiteFile(frames[i]);
-      if (f && f !== GUARD_FILE && !startsWith(f, 'node:') && !runnerFrame(f)) {
-        if (!startsWith(f, 'file:')) return f;
+      let f = callSiteFile(frames[i]);
+      if (!f || f === GUARD_FILE || startsWith(f, 'node:') || runnerFrame(f)) continue;
+      if (startsWith(f, 'file:')) {
         try {
-          return fileURLToPath(f);
+          f = fileURLToPath(f);
         } catch (e) {
           return null;
         }
       }
+      files[files.length] = f;
     }
-    return null;
+    return files;
+  }
+  function caller() {
+    const files = stackFiles();
+    return files === null || files.length === 0 ? null : files[0];
+  }
+  // Where a test is registered from: a test file, with no file of the agent's on the way (a test
+  // file's helper that registers tests, called by the agent's code, registers the agent's test).
+  // ``from``: the innermost frame of the workspace outside node_modules (a helper library of the
+  // tests', from node_modules, may stand between: mocha-each, say).
+  function registeredFrom() {
+    const files = stackFiles();
+    if (files === null) return { from: null, agent: null };
+    let from = null;
+    for (let i = 0; i < files.length; i++) {
+      const f = files[i];
+      if (agentWritten(f)) return { from: from || f, agent: f };
+      if (from === null && startsWith(f, cfgWorkspace + '/') && indexOf(f, '/node_modules/') === -1) from = f;
+    }
+    return { from, agent: null };
+  }
+  // The agent's: a file it changed, or one that appeared or changed during the run (written by
+  // code under test), wherever it is.
+  const seenFiles = ObjectCreate(null);
+  function agentWritten(file) {
+    if (changed[file]) return true;
+    if (!(file in seenFiles)) {
+      let fresh = true;
+      try {
+        fresh = statSync(file).mtimeMs >= startedAt;
+      } catch (e) {
+        fresh = true; // gone, or not a file: not one that was there
+      }
+      seenFiles[file] = fresh;
+    }
+    return seenFiles[file];
+  }
+  function setterCaller() {
+    return caller();
   }
   function fromTestFile(file) {
     if (file === null || !isAbsolute(file)) return false;
@@ -771,9 +861,10 @@
       const fn = i >= 0 ? args[i] : undefined;
       const name = testName(args, fn);
       const id = prefix === undefined ? (style.file ? style.file + ' > ' : '') + pathOf(name) : prefix + name;
-      const from = caller();
-      if (prefix === undefined && !fromTestFile(from)) {
-        tamper('a test (' + id + ') was registered from ' + (from || 'an unknown place') + ', not from a test file');
+      const { from, agent } = registeredFrom();
+      if (prefix === undefined && (!fromTestFile(from) || agent !== null)) {
+        const where = agent !== null ? 'through ' + agent + ', a file of the agent\'s' : 'from ' + (from || 'an unknown place') + ', not from a test file';
+        tamper('a test (' + id + ') was registered ' + where);
         return ReflectApply(orig, this, args); // it runs, and nothing it does is witnessed
       }
       if (i >= 0) {
@@ -810,9 +901,10 @@
       if (test && typeof test.fn === 'function') {
         let id = String(test.title);
         for (let p = this; p && !p.root; p = p.parent) id = String(p.title) + ' ' + id;
-        const from = caller();
-        if (!fromTestFile(from)) {
-          tamper('a test (' + id + ') was added from ' + (from || 'an unknown place') + ', not from a test file');
+        const { from, agent } = registeredFrom();
+        if (!fromTestFile(from) || agent !== null) {
+          const where = agent !== null ? 'through ' + agent + ', a file of the agent\'s' : 'from ' + (from || 'an unknown place') + ', not from a test file';
+          tamper('a test (' + id + ') was registered ' + where);
         } else {
           test.fn = witnessed(id, test.fn, from, 0);
         }
@@ -877,6 +969,7 @@
           const matchers = g && g[SymbolFor('$$jest-matchers-object')];
           if (matchers && matchers.matchers) watch('expect', matchers.matchers);
           if (g) watchNames('the test globals', g, ['expect', 'test', 'it', 'describe']);
+          if (g) watchIntrinsics(g, 'the test context\'s ');
           return out;
         },
       };
