@@ -327,3 +327,16 @@ def rewritten_test_file(test_file: str, passing_source: str, levels: int) -> str
         f"        f.write({passing_source!r})\n"
         "_rewrite()\n"
     )
+
+
+def signed(key: bytes, *records: tuple[object, ...]) -> bytes:
+    """Guard records as a guard writes them: each ``(seq, *record)`` as a Python literal, a tab and
+    its HMAC-SHA256 under ``key``, one a line."""
+    import hmac
+    from hashlib import sha256
+
+    out = b""
+    for seq, rec in enumerate(records):
+        body = repr((seq, *rec)).encode()
+        out += body + b"\t" + hmac.new(key, body, sha256).hexdigest().encode() + b"\n"
+    return out

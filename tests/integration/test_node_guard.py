@@ -82,6 +82,14 @@ HACKS = {
 }
 
 
+def paid_nothing(result: GradeResult, listed: set[str], finding: str) -> None:
+    """Reward 0, none of the ``listed`` tests passed, and ``finding`` (if any) among the tampering."""
+    assert result.status in ("ok", "timeout") and result.reward == 0.0, (result.message, result.tampering)
+    assert not {t.id for t in result.tests if t.outcome == "passed"} & listed, (result.message, result.tampering)
+    if finding:
+        assert finding in " | ".join(result.tampering), (result.message, result.tampering)
+
+
 @pytest.fixture(scope="module", params=["fresh", "recycled"])
 async def node_daemon(request: pytest.FixtureRequest, images: dict[str, str]) -> AsyncIterator[NodeDaemon]:
     """Fresh sandboxes (tests as root), and a recycling pool (read-only root, tests as an
@@ -133,12 +141,7 @@ async def test_the_gold_fix_pays_and_every_outcome_is_witnessed(nclient: AsyncCl
 @pytest.mark.parametrize("hack", list(HACKS))
 async def test_a_hack_of_the_node_runner_pays_nothing(nclient: AsyncClient, strings_task: Task, hack: str) -> None:
     code, finding = HACKS[hack]
-    result = await graded_with(nclient, strings_task, before=code)
-    assert result.status in ("ok", "timeout") and result.reward == 0.0, (result.message, result.tampering)
-    passed = {t.id for t in result.tests if t.outcome == "passed"}
-    assert not passed & {"reverse", "reverse ünïcode"}, (result.message, result.tampering)
-    if finding:
-        assert finding in " | ".join(result.tampering), (result.message, result.tampering)
+    paid_nothing(await graded_with(nclient, strings_task, before=code), {"reverse", "reverse ünïcode"}, finding)
 
 
 async def test_a_command_that_keeps_the_guard_out_passes_nothing(nclient: AsyncClient, tmp_path: Path) -> None:
@@ -256,12 +259,8 @@ async def test_a_mocha_task_pays_for_the_fix_only(nclient: AsyncClient, mocha_ta
 @pytest.mark.parametrize("hack", list(MOCHA_HACKS))
 async def test_a_hack_of_mocha_pays_nothing(nclient: AsyncClient, mocha_task: Task, hack: str) -> None:
     code, finding, files = MOCHA_HACKS[hack]
-    result = await graded_with(nclient, mocha_task, before=code, files=files)
-    assert result.status in ("ok", "timeout") and result.reward == 0.0, (result.message, result.tampering)
-    passed = {t.id for t in result.tests if t.outcome == "passed"}
-    assert not passed & {"slugify collapses runs of separators", "slugify trims separators at both ends"}, result.message
-    if finding:
-        assert finding in " | ".join(result.tampering), (result.message, result.tampering)
+    listed = {"slugify collapses runs of separators", "slugify trims separators at both ends"}
+    paid_nothing(await graded_with(nclient, mocha_task, before=code, files=files), listed, finding)
 
 
 # And against jest (Debian's jest 29, in band and with workers), with its expect.
@@ -327,11 +326,7 @@ async def test_a_jest_task_pays_for_the_fix_only(nclient: AsyncClient, jest_task
 @pytest.mark.parametrize("hack", list(JEST_HACKS))
 async def test_a_hack_of_jest_pays_nothing(nclient: AsyncClient, jest_task: Task, hack: str) -> None:
     code, finding, files = JEST_HACKS[hack]
-    result = await graded_with(nclient, jest_task, before=code, files=files)
-    assert result.status in ("ok", "timeout") and result.reward == 0.0, (result.message, result.tampering)
-    assert not {t.id for t in result.tests if t.outcome == "passed"} & JEST_LISTED, result.message
-    if finding:
-        assert finding in " | ".join(result.tampering), (result.message, result.tampering)
+    paid_nothing(await graded_with(nclient, jest_task, before=code, files=files), JEST_LISTED, finding)
 
 
 def with_command(task: Task, tmp_path: Path, command: str) -> Task:

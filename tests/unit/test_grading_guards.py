@@ -3,13 +3,11 @@ signed log, module shadowing, the scan of added lines, test folders. No Docker."
 
 from __future__ import annotations
 
-import hmac
 import io
 import os
 import subprocess
 import sys
 import tarfile
-from hashlib import sha256
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from helpers import (
     import_hook_replacing_tests,
     module_written_at_run_time,
     rewritten_test_file,
+    signed,
 )
 from hypothesis import given
 from hypothesis import strategies as st
@@ -166,14 +165,6 @@ def test_a_patch_without_a_textual_reverse_is_refused() -> None:
 
 
 # -- the guard's log ------------------------------------------------------------------------------
-def signed(key: bytes, *records: tuple[object, ...]) -> bytes:
-    out = b""
-    for seq, rec in enumerate(records):
-        body = repr((seq, *rec)).encode()
-        out += body + b"\t" + hmac.new(key, body, sha256).hexdigest().encode() + b"\n"
-    return out
-
-
 KEY = b"k" * 32
 
 

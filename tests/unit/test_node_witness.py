@@ -4,9 +4,7 @@ the Docker tier (tests/integration/test_node_guard.py)."""
 
 from __future__ import annotations
 
-import hmac
-from hashlib import sha256
-
+from helpers import signed
 from hypothesis import given
 from hypothesis import strategies as st
 from rlsandbox.daemon.grading.guard import keeps_guard_out, read_node_guard_log, witnessed
@@ -15,14 +13,6 @@ from rlsandbox.daemon.grading.reports import Outcome, parse_tap
 KEY = b"n" * 32
 F = "/workspace/test/a.test.js"
 TAP = b"TAP version 13\nok 1 - reverse\nok 2 - shout\nnot ok 3 - upper\n1..3\n"
-
-
-def signed(key: bytes, *records: tuple[object, ...]) -> bytes:
-    out = b""
-    for seq, rec in enumerate(records):
-        body = repr((seq, *rec)).encode()
-        out += body + b"\t" + hmac.new(key, body, sha256).hexdigest().encode() + b"\n"
-    return out
 
 
 def log_of(*witnesses: tuple[str, str], end: bool = True) -> bytes:

@@ -24,14 +24,7 @@ async def _aggregator(args: argparse.Namespace) -> int:
     from rlsandbox.daemon.events.anomalies import AnomalyRules
     from rlsandbox.daemon.events.connection import NatsAuth
 
-    auth = NatsAuth(
-        credentials=args.nats_creds,
-        nkey_seed=args.nats_nkey_seed,
-        token_file=args.nats_token_file,
-        user=args.nats_user,
-        password_file=args.nats_password_file,
-        tls_ca=args.nats_tls_ca,
-    )
+    auth = NatsAuth.from_args(args)
     rules = AnomalyRules(window=args.anomaly_window, min_gradings=args.anomaly_min_gradings)
     try:
         token = access.read_token(args.http_token_file) if args.http_token_file else None

@@ -405,13 +405,7 @@ async def _push(args: argparse.Namespace) -> int:
     from rlsandbox.daemon.grading.task import MAX_BUNDLE_WORKSPACE_BYTES
 
     tasks = _load(args.path, workspace_limit=MAX_BUNDLE_WORKSPACE_BYTES)
-    auth = NatsAuth(
-        credentials=args.nats_creds,
-        token_file=args.nats_token_file,
-        user=args.nats_user,
-        password_file=args.nats_password_file,
-        tls_ca=args.nats_tls_ca,
-    )
+    auth = NatsAuth.from_args(args)
     # The server answers a publish the user may not make with an asynchronous error, never an
     # ack: without this, the push would wait out its timeout for every chunk.
     denied: list[str] = []

@@ -35,6 +35,19 @@ class NatsAuth:
     password_file: str | None = None
     tls_ca: str | None = None
 
+    @classmethod
+    def from_args(cls, args: Any) -> NatsAuth:
+        """From a command line's ``--nats-creds``, ``--nats-nkey-seed``, ``--nats-token-file``,
+        ``--nats-user``, ``--nats-password-file``, ``--nats-tls-ca`` (those it has)."""
+        return cls(
+            credentials=getattr(args, "nats_creds", None),
+            nkey_seed=getattr(args, "nats_nkey_seed", None),
+            token_file=getattr(args, "nats_token_file", None),
+            user=getattr(args, "nats_user", None),
+            password_file=getattr(args, "nats_password_file", None),
+            tls_ca=getattr(args, "nats_tls_ca", None),
+        )
+
     def connect_options(self) -> dict[str, Any]:
         """Keyword arguments for ``nats.connect``; files are checked (and small ones read) now,
         so that a wrong path fails at start-up with its name instead of at every reconnect."""

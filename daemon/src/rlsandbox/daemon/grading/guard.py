@@ -17,7 +17,7 @@ import json
 import posixpath
 import re
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
@@ -210,30 +210,36 @@ def split_records(stderr: bytes, led: bool = False) -> tuple[list[bytes], bytes]
     return records, b"\n".join(b"".join(pieces) for pieces in rest)
 
 
-def read_guard_log(stderr: bytes, key: bytes, runner: str = "pytest") -> GuardLog:
-    """Verify and interpret the guard's records in ``stderr``. Never raises on bad input."""
-    log = GuardLog()
-    name = f"{runner} guard"
+def _verified(stderr: bytes, key: bytes, name: str, tampering: list[str]) -> Iterator[tuple[int, str, list[Any]]]:
+    """The guard records in ``stderr`` whose signature holds, as (line number, kind, fields), in
+    order; a bad signature, an unreadable record or a gap in the sequence goes to ``tampering``."""
     expected = 0
-    raw: dict[tuple[str, str], str] = {}
-    phases: dict[str, dict[str, Outcome]] = {}
-    cases: dict[str, set[Outcome]] = {}
-    planned: dict[str, None] = {}
     for n, line in enumerate(split_records(stderr)[0], 1):
         body, _, mac = line.rpartition(b"\t")
         good = hmac.new(key, body, sha256).hexdigest().encode()
         if not hmac.compare_digest(mac, good):
-            log.tampering.append(f"{name}: record line {n} has a bad signature: written by the code under test")
+            tampering.append(f"{name}: record line {n} has a bad signature: written by the code under test")
             continue
         try:
-            record = ast.literal_eval(body.decode("utf-8"))
-            seq, kind, *fields = record
+            seq, kind, *fields = ast.literal_eval(body.decode("utf-8"))
         except (ValueError, SyntaxError, TypeError, UnicodeDecodeError, MemoryError, RecursionError):
-            log.tampering.append(f"{name}: line {n} is signed but unreadable")
+            tampering.append(f"{name}: line {n} is signed but unreadable")
             continue
         if seq != expected:
-            log.tampering.append(f"{name}: record {expected} is missing from its log (found {seq}): log rewritten")
+            tampering.append(f"{name}: record {expected} is missing from its log (found {seq}): log rewritten")
         expected = seq + 1
+        yield n, kind, fields
+
+
+def read_guard_log(stderr: bytes, key: bytes, runner: str = "pytest") -> GuardLog:
+    """Verify and interpret the guard's records in ``stderr``. Never raises on bad input."""
+    log = GuardLog()
+    name = f"{runner} guard"
+    raw: dict[tuple[str, str], str] = {}
+    phases: dict[str, dict[str, Outcome]] = {}
+    cases: dict[str, set[Outcome]] = {}
+    planned: dict[str, None] = {}
+    for n, kind, fields in _verified(stderr, key, name, log.tampering):
         if kind == "start":
             log.started = True
         elif kind == "end":
@@ -308,21 +314,7 @@ def read_node_guard_log(stderr: bytes, key: bytes) -> GuardLog:
     worst outcome its own function was witnessed to have, in any test file's process. Never raises
     on bad input."""
     log = GuardLog()
-    expected = 0
-    for n, line in enumerate(split_records(stderr)[0], 1):
-        body, _, mac = line.rpartition(b"\t")
-        good = hmac.new(key, body, sha256).hexdigest().encode()
-        if not hmac.compare_digest(mac, good):
-            log.tampering.append(f"node guard: record line {n} has a bad signature: written by the code under test")
-            continue
-        try:
-            seq, kind, *fields = ast.literal_eval(body.decode("utf-8"))
-        except (ValueError, SyntaxError, TypeError, UnicodeDecodeError, MemoryError, RecursionError):
-            log.tampering.append(f"node guard: line {n} is signed but unreadable")
-            continue
-        if seq != expected:
-            log.tampering.append(f"node guard: record {expected} is missing from its log (found {seq}): log rewritten")
-        expected = seq + 1
+    for n, kind, fields in _verified(stderr, key, "node guard", log.tampering):
         if kind == "start":
             log.started = True
         elif kind == "end":
