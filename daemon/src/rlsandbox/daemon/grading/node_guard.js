@@ -9,14 +9,15 @@
 //   child process of its own): reads its configuration (an HMAC key) from a file it deletes at
 //   once; gives each test file's process a key of its own through an extra socket (fd 3) the
 //   runner never sees, never through a file or the environment; checks the signature and order of
-//   every record that child sends back, and writes its own signed record of each to a descriptor
-//   of the original stderr (a pipe to the sandbox agent);
+//   every record that child sends back, and writes its own signed record of each to its stderr
+//   (fd 2: a pipe to the sandbox agent, which no child of it can write to);
 // - a test file's process ("child"): takes its key from fd 3 before any test file is loaded;
 //   witnesses every test body itself: a test counts as passed only where its own function (or its
 //   promise, or its done callback) ended without an error, registered from a test file the agent
 //   did not write, with the assertion library and the language's built-ins as they were before any
 //   code under test ran; each witness is signed and sent to the runner;
-// - any other node process (npm, a tool the tests start): nothing to guard, locked down alike.
+// - mocha's and jest's own process: runner and witness at once (jest also keys its workers);
+// - any other node process (npm, a tool the tests start): holds no key, left alone.
 //
 // What the code under test can no longer do (each refused and recorded as tampering): reach the
 // key through node's internal bindings, native add-ons, heap snapshots, the inspector (also the
