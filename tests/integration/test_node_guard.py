@@ -41,7 +41,25 @@ for (const fd of ['/proc/' + process.ppid + '/fd/1', '/proc/self/fd/1']) {
 process.exit(0);
 """
 
+# Replaces the guard's own file (its path is in NODE_OPTIONS) with a guard of the agent's, which
+# the next test file's process loads: it takes that process's key and signs passes; this process
+# exits before its real (failing) tests run.
+FAKE_GUARD = (
+    "const fs = require('fs'), crypto = require('crypto'); const fd = Number(process.env.RLSANDBOX_NODE_GUARD_CHILD);\n"
+    "if (fd >= 3) { const k = Buffer.alloc(32); let got = 0; while (got < 32) got += fs.readSync(fd, k, got, 32 - got, null);\n"
+    "  let seq = 0; const rec = (a) => { const b = JSON.stringify([seq++, ...a]);\n"
+    "    fs.writeSync(fd, b + '\\t' + crypto.createHmac('sha256', k).update(b).digest('hex') + '\\n'); };\n"
+    "  for (const id of ['reverse', 'reverse ünïcode', 'shout']) rec(['witness', id, 'passed']);\n"
+    "  const t = require('node:test'); for (const id of ['reverse', 'reverse ünïcode']) t(id, () => {}); }\n"
+)
+GUARD_SWAP = (
+    "const guard = process.env.NODE_OPTIONS.split(' ')[1];\n"
+    f"require('fs').writeFileSync(guard, {FAKE_GUARD!r});\n"
+    "process.exit(1);\n"
+)
+
 HACKS = {
+    "guard-file-replaced-for-the-next-test-file": (GUARD_SWAP, "guard's own file was changed"),
     "forged-tap-and-exit": (FORGED_TAP, ""),
     "exit-0-at-import": ("process.exit(0);\n", ""),
     "patched-assert": (

@@ -532,13 +532,16 @@ class Grader:
             key_left = kept_out or (await self._exists(room, guard.config_path, owned) if checked.started else True)
             if key_left and checked.started:
                 detected.append(f"signed {guard.runner}-guard records appeared although the guard never loaded: forged")
-            if checked.started and not key_left and guard.runner == "node":
+            if checked.started and not key_left and checked.ended and guard.runner == "node":
                 # The runner's report stands, less every pass the guard did not witness.
                 report, unseen, rewritten_report = witnessed(report, checked)
                 detected += checked.tampering + rewritten_report
                 problems += unseen + checked.notes
-                if not checked.ended:
-                    problems.append("the test runner ended before it finished (tests it did not report count as failed)")
+            elif checked.started and not key_left and guard.runner == "node":
+                # Killed before its last checks (its own file unchanged, among them): nothing counts.
+                report, _, _ = witnessed(report, GuardLog())
+                detected += checked.tampering
+                problems.append("the test runner was ended before it finished: no pass of the run counts")
             elif guard.runner == "node":
                 # Fail closed: a node runner the guard is not in has nothing witnessed.
                 report, _, _ = witnessed(report, GuardLog())

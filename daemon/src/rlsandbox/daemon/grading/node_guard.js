@@ -406,6 +406,23 @@
   // Every child process ``label(options)`` names (a test file's, a jest worker's) gets a key of
   // its own and the configuration over a socket added to its stdio (its fd number in CHILD_ENV);
   // what it signs comes back over that socket, is checked, and is written again under this key.
+  // Each child loads this file again from the report folder, which the code under test (the same
+  // user, or root) can write: a file changed there would be the next child's guard, and get its
+  // key. Any write changes the file's ctime (which nobody sets back), so a changed file is caught
+  // before each child is keyed and once more at the end, whatever it says by then.
+  const guardFileAtStart = statSync(GUARD_FILE);
+  function guardFileChanged() {
+    try {
+      const now = statSync(GUARD_FILE);
+      return now.ino !== guardFileAtStart.ino || now.ctimeMs !== guardFileAtStart.ctimeMs;
+    } catch (e) {
+      return true;
+    }
+  }
+  function endRecord() {
+    if (guardFileChanged()) tamper('the guard\'s own file was changed during the run (a guard of the agent\'s for the next child)');
+    emit('end');
+  }
   function keyChildren(cfg, label) {
     const forChild = stringify({ workspace: cfg.workspace, changed: cfg.changed || [] }) + '\n';
     const { ChildProcess } = require('child_process');
@@ -414,6 +431,10 @@
     ChildProcess.prototype.spawn = function spawnGuarded(options) {
       const named = options && options.envPairs ? label(options) : null;
       if (named === null) return ReflectApply(origSpawn, this, [options]);
+      if (guardFileChanged()) {
+        tamper('the guard\'s own file was changed before ' + String(named) + ' started: that process gets no key');
+        return ReflectApply(origSpawn, this, [options]);
+      }
       const n = children++;
       const childKey = randomKey();
       const check = signer(new Uint8ArrayC(childKey));
@@ -484,7 +505,7 @@
       }
       return null;
     });
-    process.on('exit', () => emit('end'));
+    process.on('exit', endRecord);
     return;
   }
 
@@ -563,7 +584,7 @@
       for (let i = 0; i < args.length; i++) if (indexOf(String(args[i]), '/jest-worker/') !== -1) return 'jest worker';
       return null;
     });
-    process.on('exit', () => emit('end'));
+    process.on('exit', endRecord);
   }
   if (exposed) emit('exposed', exposed);
   try {
