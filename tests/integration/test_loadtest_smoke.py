@@ -3,13 +3,14 @@ benchmarks live in loadtest/ and their results in docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
 from pathlib import Path
 
 import pytest
-from rlsandbox.loadtest import adapter_bench, api_bench, events_bench, foundation, grading_bench
+from rlsandbox.loadtest import adapter_bench, api_bench, events_bench, foundation, grading_bench, node_guard_bench
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -32,6 +33,14 @@ async def test_grading_benchmark_runs(images: dict[str, str]) -> None:
     assert results["evaluate_clean_room"]["n"] == 2 and results["daemon_exit_code"] == 0
     assert results["validation"]["verdicts"]["valid"] >= 2  # py-calc and node-strings
     assert "clean room" in grading_bench.render(results)
+
+
+async def test_node_guard_benchmark_runs(images: dict[str, str]) -> None:
+    """python -m rlsandbox.loadtest.node_guard_bench, as docs/BENCHMARKS.md runs it (one round):
+    every runner's tests are witnessed under the guard (6 of node-jest's, 5 of mocha's)."""
+    results = await node_guard_bench.run(argparse.Namespace(rounds=1))
+    assert {n: r["witnesses"] for n, r in results["runners"].items()} == {"node --test": 3, "mocha": 5, "jest (in band)": 6}
+    assert "| mocha |" in node_guard_bench.render(results)
 
 
 async def test_events_benchmark_runs(images: dict[str, str]) -> None:
