@@ -267,7 +267,30 @@
   // Processes that hold no key (npm, a tool the tests start) need no guard: their memory is worth
   // nothing, and another process's is closed to them (undumpable). Worker threads share a key
   // holder's memory: they are locked down like it.
-  if (isMainThread && !isRunner && !isChild && mochaRoot === null && !jestMain) return;
+  if (isMainThread && !isRunner && !isChild && mochaRoot === null && !jestMain) {
+    // A node process that runs a script of the workspace (or code given on its command line)
+    // while the key file still waits for the runner: that code could read the key. It is taken
+    // away (the runner then finds none, and nothing of the run passes: fail closed).
+    if (cfgPath) {
+      let workspace = null;
+      try {
+        workspace = String(parseJSON(readFileSync(cfgPath, 'utf8')).workspace);
+      } catch (e) {
+        workspace = null; // no key file (the runner took it), or not ours
+      }
+      const main = typeof process.argv[1] === 'string' ? resolvePath(process.argv[1]) : '';
+      const evals = process.execArgv.some((a) => a === '-e' || a === '-p' || startsWith(a, '--eval') || startsWith(a, '--print'));
+      const ours = workspace !== null && startsWith(main, workspace + '/') && indexOf(main, '/node_modules/') === -1;
+      if (workspace !== null && (ours || evals || main === '')) {
+        try {
+          unlinkSync(cfgPath);
+        } catch (e) {
+          // gone already
+        }
+      }
+    }
+    return;
+  }
 
   // -- Lock-down: what reaches the key, in this process or another -----------------------------
   function refuse(what) {
