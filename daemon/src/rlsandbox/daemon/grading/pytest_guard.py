@@ -42,6 +42,8 @@
 #   taken before any workspace code ran: a pipe to the sandbox agent, where nothing written can be
 #   taken back (a file could be deleted by the code under test, which runs as the same user).
 # The grader verifies the signatures and the sequence; it trusts no other channel of this process.
+import ast
+import copy
 import datetime
 import decimal
 import fractions
@@ -293,6 +295,392 @@ def _kin(value):
     return []
 
 
+# Strict comparison (issue 44): in a graded run, ``assert actual == expected`` with an expected value
+# written in the test as a literal of a plain type (``6``, ``"a-b"``, ``[1, 2]``, ``{"k": None}``)
+# is decided by the plain types' own comparisons, whatever the objects' ``__eq__`` says; so are
+# ``!=``, ``in``, ``not in`` and unittest's assertEqual and friends. The test modules pytest
+# rewrites are rewritten first (the compare becomes a call of the guard's), in C-held code.
+_STRICT = "@rlsandbox_strict"  # the name of the compare in a test module (no source can spell it)
+_OPERAND = "@rlsandbox_operand"  # the name of an assertEqual's operand, made strict
+_STRICT_OPS = {ast.Eq: "==", ast.NotEq: "!=", ast.In: "in", ast.NotIn: "not in"}
+# unittest's methods, by what they compare: (first, second) equal, member in container, and the
+# argument whose truth they check.
+_EQUAL_METHODS = frozenset(
+    (
+        "assertEqual",
+        "assertEquals",
+        "failUnlessEqual",
+        "assertNotEqual",
+        "assertNotEquals",
+        "failIfEqual",
+        "assertListEqual",
+        "assertTupleEqual",
+        "assertDictEqual",
+        "assertSetEqual",
+        "assertSequenceEqual",
+        "assertMultiLineEqual",
+    )
+)
+_IN_METHODS = frozenset(("assertIn", "assertNotIn"))
+_TRUTH_METHODS = frozenset(("assertTrue", "assertFalse", "assert_", "failUnless", "failIf"))
+
+
+def _hidden(fn):
+    """``fn`` behind C code that hands it to no one (no __wrapped__, __closure__ or __globals__ to
+    read or write): code under test can rewrite any Python function's cells and defaults."""
+    try:
+        from _functools import _lru_cache_wrapper
+        from functools import _CacheInfo
+    except ImportError:  # pragma: no cover - CPython has the C version
+        return fn
+    return _lru_cache_wrapper(fn, 0, False, _CacheInfo)
+
+
+def _literal(node):
+    """An expression made only of constants and displays of them: a value the test wrote."""
+    if isinstance(node, ast.Constant):
+        return node.value is not Ellipsis
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return isinstance(node.operand, ast.Constant) and type(node.operand.value) in (int, float, complex)
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return all(_literal(e) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        return all(k is not None and _literal(k) for k in node.keys) and all(_literal(v) for v in node.values)
+    return False
+
+
+def _written(node):
+    """A display with no call in it (``{"id": mock.ANY}``): a value the test wrote, names and all,
+    not an answer of the code under test."""
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)) and not any(isinstance(n, ast.Call) for n in ast.walk(node))
+
+
+def _known(first, second):
+    """1 when ``first`` is a value the test wrote and ``second`` its answer, 2 the other way, 0 when
+    it cannot tell."""
+    if _literal(second) and not _literal(first) and not _written(first):
+        return 2
+    if _literal(first) and not _literal(second) and not _written(second):
+        return 1
+    return 0
+
+
+def _strict_comparisons(event, kin=_kin, audit=sys.audit, truth=operator.truth):
+    """(compare, operand, transform): the compare and the operand a rewritten test module calls,
+    and the rewrite of a module's tree. Everything they use is in this closure, held by C code."""
+    import collections
+
+    none_type = type(None)
+    numbers = (bool, int, float, complex, decimal.Decimal, fractions.Fraction)
+    sequences = (list, tuple)
+    sets = (set, frozenset)
+    strings = (str, bytes)
+    times = (datetime.date, datetime.datetime, datetime.time, datetime.timedelta)
+    exact = frozenset(numbers + sequences + sets + strings + times + (dict, none_type))
+    # Lists of these compare by C code that asks no object of the code under test.
+    scalar_ids = frozenset(map(id, (bool, int, float, str, bytes, none_type)))
+    # A class whose objects compare by a plain type's own comparison (an IntEnum, a namedtuple, a
+    # str subclass that keeps str's __eq__, an OrderedDict) is compared as that type; by id: an
+    # object's __hash__ could be the agent's.
+    by_eq = {}
+    for t in exact:
+        fn = t.__dict__.get("__eq__")
+        if fn is not None:
+            by_eq[id(fn)] = (fn, t)
+    for t in (collections.OrderedDict, collections.Counter):
+        fn = t.__dict__.get("__eq__")
+        if fn is not None:
+            by_eq[id(fn)] = (fn, dict)
+    mro_of = type.__dict__["__mro__"].__get__
+    dict_of = type.__dict__["__dict__"].__get__
+    _type, _id, _len, _map, _set, _zip, _repr = type, id, len, map, set, zip, repr
+    missing = object()
+
+    def kind(value):
+        t = _type(value)
+        if t in exact:
+            return t
+        for base in mro_of(t):
+            fn = dict_of(base).get("__eq__")
+            if fn is not None:
+                found = by_eq.get(_id(fn))
+                return found[1] if found is not None and found[0] is fn else None
+        return None
+
+    def scalars(items):
+        return _set(_map(_id, _map(_type, items))) <= scalar_ids
+
+    def name_of(value):
+        t = _type(value)
+        try:
+            return "%s.%s" % (dict_of(t).get("__module__", "?"), t.__qualname__)
+        except Exception:
+            return "an object"
+
+    def shown(value):
+        try:
+            text = _repr(value)
+        except Exception:
+            return "?"
+        return text if _type(text) is str and _len(text) <= 80 else "(%s)" % _type(value).__name__
+
+    def refused(actual, expected, how):
+        audit(event, "an object of %s %s any %s: %s was expected" % (name_of(actual), how, _type(expected).__name__, shown(expected)))
+        return False
+
+    def checked(actual, expected):
+        # An object of no plain type (a library's: mock.ANY, an approx with any tolerance, a
+        # MagicMock) against a value the test wrote: compared as written, once, and then against
+        # other values of the expected type, none of which a correct answer equals.
+        said = truth(actual == expected)
+        if said:
+            for stranger in kin(expected) or [object()]:
+                try:
+                    also = truth(actual == stranger)
+                except Exception:
+                    also = False
+                if also:
+                    return refused(actual, expected, "equals")
+        return said
+
+    def compare(a, b, known, depth):
+        """True or False by the plain types' own comparisons, or None: nothing strict to say
+        (compare as written). ``known``: ``b`` is a value the test wrote, ``a`` the answer."""
+        if a is b:
+            return True
+        ka, kb = kind(a), kind(b)
+        if ka is None or kb is None or depth > 64:
+            return checked(a, b) if known and ka is None and kb is not None else None
+        if ka in numbers and kb in numbers:
+            r = ka.__eq__(a, b)
+            if r is NotImplemented:
+                r = kb.__eq__(b, a)
+            return r is True
+        if ka in sets and kb in sets:
+            return same_set(a, ka, b, kb, known, depth)
+        if ka is not kb:
+            return False
+        if ka in sequences:
+            return same_sequence(a, b, ka, known, depth)
+        if ka is dict:
+            return same_mapping(a, b, known, depth)
+        return ka.__eq__(a, b) is True
+
+    def same_sequence(a, b, k, known, depth):
+        if k.__len__(a) != k.__len__(b):
+            return False
+        if scalars(k.__iter__(a)) and scalars(k.__iter__(b)):
+            return k.__eq__(a, b) is True
+        for x, y in _zip(k.__iter__(a), k.__iter__(b)):
+            r = compare(x, y, known, depth + 1)
+            if not (truth(x == y) if r is None else r):
+                return False
+        return True
+
+    def same_mapping(a, b, known, depth):
+        if dict.__len__(a) != dict.__len__(b):
+            return False
+        if scalars(dict.keys(a)) and scalars(dict.values(a)) and scalars(dict.keys(b)) and scalars(dict.values(b)):
+            return dict.__eq__(a, b) is True
+        keys = {}
+        for k in dict.__iter__(b):
+            keys[k] = k
+        for k, x in dict.items(a):
+            other = keys.get(k, missing)
+            if other is missing or compare(k, other, known, depth + 1) is False:
+                return False
+            y = dict.__getitem__(b, other)
+            r = compare(x, y, known, depth + 1)
+            if not (truth(x == y) if r is None else r):
+                return False
+        return True
+
+    def same_set(a, ka, b, kb, known, depth):
+        if ka.__len__(a) != kb.__len__(b):
+            return False
+        if scalars(ka.__iter__(a)) and scalars(kb.__iter__(b)):
+            return ka.__eq__(a, b) is True
+        items = {}
+        for y in kb.__iter__(b):
+            items[y] = y
+        for x in ka.__iter__(a):
+            y = items.get(x, missing)
+            if y is missing or compare(x, y, known, depth + 1) is False:
+                return False
+        return True
+
+    def elements(container, k):
+        return dict.__iter__(container) if k is dict else k.__iter__(container)
+
+    def contains(container, member, literal):
+        """``member in container`` by the plain types' own comparisons, or None. ``literal``: 2
+        the container is a value the test wrote, 1 the member is."""
+        k = kind(container)
+        if literal == 2:
+            if k in strings:
+                return k.__contains__(container, member) if kind(member) is k else None
+            for e in elements(container, k):
+                if compare(member, e, True, 1):
+                    return True
+            return False
+        if literal != 1:
+            return None
+        if k is None:
+            said = truth(member in container)
+            if said:
+                for stranger in kin(member):
+                    try:
+                        also = truth(stranger in container)
+                    except Exception:
+                        also = False
+                    if also:
+                        return refused(container, member, "contains")
+            return said
+        if k in strings:
+            return k.__contains__(container, member)
+        if k not in sequences and k not in sets and k is not dict:
+            return None
+        if not k.__contains__(container, member):
+            return False  # a lying element can only add a yes
+        if scalars(elements(container, k)):
+            return True
+        for e in elements(container, k):
+            if compare(e, member, True, 1):
+                return True
+        return False
+
+    def strict(left, right, op, literal):
+        # ``left op right`` in an assert statement; ``literal``: 1 left is a value the test
+        # wrote, 2 right is, 0 neither.
+        if op == "in" or op == "not in":
+            r = contains(right, left, literal)
+            if r is None:
+                r = left in right
+            return r if op == "in" else not r
+        if literal == 2:
+            r = compare(left, right, True, 0)
+        elif literal == 1:
+            r = compare(right, left, True, 0)
+        else:
+            r = compare(left, right, False, 0)
+        if r is None:
+            return left == right if op == "==" else left != right
+        return r if op == "==" else not r
+
+    class Unequal:
+        # An operand of assertEqual that the strict comparison found unequal: unequal to all.
+        __slots__ = ("value",)
+        __hash__ = object.__hash__
+
+        def __init__(self, value):
+            self.value = value
+
+        def __eq__(self, other):
+            return False
+
+        def __ne__(self, other):
+            return True
+
+        def __contains__(self, item):
+            return False
+
+        def __repr__(self):
+            return shown(self.value)
+
+    def operand(value, written, op):
+        # An argument of assertEqual (or assertIn) against one the test wrote: itself when the
+        # strict comparison agrees, else an object equal to nothing.
+        if op == "==":
+            r = compare(value, written, True, 0)
+        elif op == "in":
+            r = contains(written, value, 2)
+        else:
+            r = contains(value, written, 1)
+        return value if r is None or r else Unequal(value)
+
+    def call(name, value, other, *more):
+        node = ast.Call(ast.Name(name, ast.Load()), [value, other, *(ast.Constant(m) for m in more)], [])
+        return ast.copy_location(node, value)
+
+    class Rewrite(ast.NodeTransformer):
+        def visit_Assert(self, node):
+            self.generic_visit(node)
+            node.test = self.truth(node.test)
+            return node
+
+        def visit_Call(self, node):
+            self.generic_visit(node)
+            f, args = node.func, node.args
+            method = f.attr if isinstance(f, ast.Attribute) else None
+            if method is None or not args or any(isinstance(a, ast.Starred) for a in args[:2]):
+                return node
+            if method in _TRUTH_METHODS:
+                args[0] = self.truth(args[0])
+            elif _len(args) >= 2 and (method in _EQUAL_METHODS or method in _IN_METHODS):
+                first, second = args[0], args[1]
+                ops = ("in", "has") if method in _IN_METHODS else ("==", "==")
+                known = _known(first, second)
+                if known == 2:
+                    args[0] = call(_OPERAND, first, copy.deepcopy(second), ops[0])
+                elif known == 1:
+                    args[1] = call(_OPERAND, second, copy.deepcopy(first), ops[1])
+            return node
+
+        def truth(self, expr):
+            # Where only the truth of a comparison counts: the assert's test, and the operands
+            # of and, or and not in it.
+            if isinstance(expr, ast.BoolOp):
+                expr.values = [self.truth(v) for v in expr.values]
+            elif isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+                expr.operand = self.truth(expr.operand)
+            elif isinstance(expr, ast.Compare) and _len(expr.ops) == 1 and _type(expr.ops[0]) in _STRICT_OPS:
+                left, right = expr.left, expr.comparators[0]
+                return call(_STRICT, left, right, _STRICT_OPS[_type(expr.ops[0])], _known(left, right))
+            return expr
+
+    def transform(tree):
+        Rewrite().visit(tree)
+        # The names every rewritten module holds (the guard checks each test's module for them).
+        body = tree.body
+        at = 0
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            at = 1
+        while at < _len(body) and isinstance(body[at], ast.ImportFrom) and body[at].module == "__future__":
+            at += 1
+        names = [ast.alias(name="_rlsandbox_strict", asname=_STRICT), ast.alias(name="_rlsandbox_operand", asname=_OPERAND)]
+        imported = ast.ImportFrom(module="_pytest.assertion.rewrite", names=names, level=0)
+        imported.lineno = imported.end_lineno = getattr(body[at], "lineno", 1) if at < _len(body) else 1
+        imported.col_offset = imported.end_col_offset = 0
+        for alias in names:
+            ast.copy_location(alias, imported)
+        body.insert(at, imported)
+        ast.fix_missing_locations(tree)
+
+    return _hidden(strict), _hidden(operand), transform
+
+
+def _make_comparisons_strict():
+    """Every test module pytest rewrites is rewritten by the guard first (in pytest's module, before
+    the snapshot: replacing it again is a replaced runner part). Returns the compare the modules hold."""
+    import _pytest.assertion.rewrite as rewrite
+    original = rewrite.rewrite_asserts
+    strict, operand, transform = _strict_comparisons(_NAME + ".strict")
+    audit = sys.audit
+    failed = _NAME + ".strict"
+
+    def rewrite_asserts(mod, *args, **kwargs):
+        try:
+            transform(mod)
+        except Exception as e:  # the module is not made strict: the guard's check says so
+            audit(failed, "the guard could not make the comparisons of a test module strict: %r" % (e,))
+        return original(mod, *args, **kwargs)
+
+    rewrite._rlsandbox_strict = strict
+    rewrite._rlsandbox_operand = operand
+    rewrite.rewrite_asserts = _hidden(rewrite_asserts)
+    return strict
+
+
 _EPOCH = [0]  # the number of tests run so far: the comparison wrappers forget what they showed
 
 
@@ -415,7 +803,7 @@ def _real_dict(cls):
     return found[0] if len(found) == 1 else view
 
 
-def _install(cfg):
+def _install(cfg, strict=None):
     key = bytes.fromhex(cfg["key"])
     workspace = cfg["workspace"].rstrip("/") + "/"
     changed = frozenset(cfg.get("changed", ()))
@@ -1308,6 +1696,29 @@ def _install(cfg):
                 ids.append(nodeid)
         emit("plan", tuple(ids))
 
+    def check_strict(session):
+        # Every test's module holds the guard's compare: imported through pytest's rewriting, which
+        # the guard rewrote first (an import hook of the agent's, or pytest's taken off
+        # sys.meta_path, would run the tests' comparisons as the objects say).
+        if strict is None:
+            return
+        try:
+            if _object_dict(session).get("config").getoption("assertmode") != "rewrite":
+                return  # --assert=plain in the task's command: pytest rewrites nothing
+        except Exception:
+            pass
+        seen = set()
+        for item in list(_object_dict(session).get("items") or ()):
+            try:
+                mod = item.module  # pytest's property (a replaced one is a replaced runner part)
+            except Exception:
+                continue
+            if not _issubclass(_type(mod), _module_type) or _id(mod) in seen:
+                continue
+            seen.add(_id(mod))
+            if _module_dict(mod).get(_STRICT) is not strict:
+                tamper("the test file %s was imported past the guard's strict comparisons" % text(_module_dict(mod).get("__file__")))
+
     def on_plan(suite):
         # The tests a TextTestRunner is about to run: one that never reports counts as not passed.
         ids = []
@@ -1672,6 +2083,7 @@ def _install(cfg):
                 ".plan",
                 ".skip",
                 ".part",
+                ".strict",
             )
         ]
         + ["import", "object.__getattr__", "exec", "object.__setattr__", "object.__delattr__", "open", "compile"]
@@ -1742,6 +2154,10 @@ def _install(cfg):
                 watch_modules(every=True)
                 watch_live(args[0])
                 plan_items(args[0])
+                check_strict(args[0])
+            elif event == _NAME + ".strict":
+                if _type(args[0]) is _str:
+                    tamper(args[0])
             elif event == _NAME + ".plugin":
                 on_plugin(args[0], args[1])
             elif event == _NAME + ".set":
@@ -1953,7 +2369,7 @@ if _cfg is not None and _cfg.get("runner") == "unittest":
 elif _cfg is not None:
     _only = frozenset(str(i) for i in _cfg.get("only") or ())  # a second opinion's one test
     _watch_unittest_parts()  # before _install: the snapshot of the runner holds the wrapper (pytest imports unittest)
-    _install(_cfg)
+    _install(_cfg, _make_comparisons_strict())  # so does the snapshot of pytest's rewriting
     del _cfg
     import pytest as _pytest_api
 
