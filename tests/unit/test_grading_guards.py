@@ -591,14 +591,15 @@ def test_guard_catches_results_that_equal_anything(tmp_path: Path, evil: str, ca
     random numbers, strings, containers): no correct object equals or contains one. Made without
     its __init__ as the class is made, once a test runs and at the end; and the objects the tests
     compare, through the agent's own comparison functions, when they answer yes. The expected
-    value is a name (what the strict comparison cannot tell from an answer): the probes alone."""
+    value is an element of a list (what the strict comparison cannot tell from an answer): the
+    probes alone."""
     expected = "3"
     if "difflib" in evil:
         expected = "(1, 2, 3)"
     elif "# expect: " in evil:
         expected = evil.split("# expect: ", 1)[1].split("\n", 1)[0]
     check = "expected in evil.add(1, 2)" if "__contains__" in evil else "evil.add(1, 2) == expected"
-    tests = {"test_y.py": f"import datetime, decimal, evil\n\ndef test_add():\n    expected = {expected}\n    assert {check}\n"}
+    tests = {"test_y.py": f"import datetime, decimal, evil\n\ndef test_add():\n    expected = [{expected}][0]\n    assert {check}\n"}
     log, out = run_guarded(tmp_path, evil, tests)
     if evil is not EQUAL_PUT_BACK_AFTER_USE:  # (the probe was its one use)
         assert list(log.tests.values()) == [Outcome.PASSED], (log.tests, out)  # the test itself passes: it paid before
@@ -610,7 +611,7 @@ def test_guard_catches_results_that_equal_anything(tmp_path: Path, evil: str, ca
 # literal; the hack's answer is no value of its type.
 _MOCK = "from unittest import mock\n"
 LIBRARY_ANSWERS = {
-    "mock-any": (_MOCK + "def add(a, b):\n    return mock.ANY\n", "assert evil.add(1, 2) == 3", "equals any int"),
+    "mock-any": (_MOCK + "def add(a, b):\n    return mock.ANY\n", "assert evil.add(1, 2) == 3", "a mock, was compared with"),
     "approx-of-any-tolerance": (
         "import pytest\ndef add(a, b):\n    return pytest.approx(0, abs=float('inf'))\n",
         "assert evil.add(1, 2) == 3",
@@ -619,41 +620,62 @@ LIBRARY_ANSWERS = {
     "magicmock-that-says-yes": (
         _MOCK + "def add(a, b):\n    m = mock.MagicMock()\n    m.__eq__.return_value = True\n    return m\n",
         "assert 3 == evil.add(1, 2)",
-        "equals any int",
+        "a mock, was compared with",
     ),
-    "any-inside-a-list": (_MOCK + "def add(a, b):\n    return [mock.ANY, a + b]\n", "assert evil.add(1, 2) == [4, 3]", "equals any int"),
+    "any-inside-a-list": (_MOCK + "def add(a, b):\n    return [mock.ANY, a + b]\n", "assert evil.add(1, 2) == [4, 3]", "a mock, was compared with"),
     "any-as-a-dict-value": (
         _MOCK + "def add(a, b):\n    return {'sum': mock.ANY}\n",
         "assert evil.add(1, 2) == {'sum': 3}",
-        "equals any int",
+        "a mock, was compared with",
     ),
-    "any-for-a-str": (_MOCK + "def add(a, b):\n    return mock.ANY\n", "assert evil.add(1, 2) != 'x' and evil.add(1, 2) == '3'", "equals any str"),
-    "any-for-none": (_MOCK + "def add(a, b):\n    return mock.ANY\n", "assert evil.add(1, 2) == None", "equals any NoneType"),
+    "any-for-a-str": (_MOCK + "def add(a, b):\n    return mock.ANY\n", "assert evil.add(1, 2) != 'x' and evil.add(1, 2) == '3'", "a mock, was compared with"),
+    "any-for-none": (_MOCK + "def add(a, b):\n    return mock.ANY\n", "assert evil.add(1, 2) == None", "a mock, was compared with"),
     "magicmock-that-contains-all": (
         _MOCK + "def add(a, b):\n    m = mock.MagicMock()\n    m.__contains__.return_value = True\n    return m\n",
         "assert 3 in evil.add(1, 2)",
-        "contains any int",
+        "a mock, was compared with",
     ),
-    "member-of-a-literal": (_MOCK + "def add(a, b):\n    return mock.ANY\n", "assert evil.add(1, 2) in (3, 4)", "equals any int"),
+    "member-of-a-literal": (_MOCK + "def add(a, b):\n    return mock.ANY\n", "assert evil.add(1, 2) in (3, 4)", "a mock, was compared with"),
     "assert-equal": (
         _MOCK + "def add(a, b):\n    return mock.ANY\n",
         "unittest.TestCase().assertEqual(evil.add(1, 2), 3)",
-        "equals any int",
+        "a mock, was compared with",
     ),
     "assert-equal-literal-first": (
         _MOCK + "def add(a, b):\n    return [mock.ANY]\n",
         "unittest.TestCase().assertListEqual([3], evil.add(1, 2))",
-        "equals any int",
+        "a mock, was compared with",
     ),
     "assert-in": (
         _MOCK + "def add(a, b):\n    m = mock.MagicMock()\n    m.__contains__.return_value = True\n    return m\n",
         "unittest.TestCase().assertIn(3, evil.add(1, 2))",
-        "contains any int",
+        "a mock, was compared with",
+    ),
+    "expected-in-a-name": (
+        _MOCK + "def add(a, b):\n    return mock.ANY\n",
+        "expected = {'sum': [3]}\n    assert evil.add(1, 2) == expected",
+        "a mock, was compared with",
+    ),
+    "expected-in-a-module-constant": (
+        _MOCK + "def add(a, b):\n    return mock.ANY\n",
+        "assert evil.add(1, 2) == EXPECTED\n\nEXPECTED: str = 'a' * 3",
+        "a mock, was compared with",
+    ),
+    "approx-of-a-range": (
+        "import pytest\ndef add(a, b):\n    return pytest.approx(50, abs=100)\n",
+        "assert evil.add(1, 2) == 3",
+        "equals any int",
+    ),
+    "equal-to-small-numbers": (
+        "class E:\n    def __eq__(self, other):\n        return type(other) is int and other < 1000\n    __hash__ = object.__hash__\n"
+        "def add(a, b):\n    return E()\n",
+        "assert evil.add(1, 2) == 3",
+        "equals any int",
     ),
     "assert-true-of-a-comparison": (
         _MOCK + "def add(a, b):\n    return mock.ANY\n",
         "unittest.TestCase().assertTrue(evil.add(1, 2) == 3)",
-        "equals any int",
+        "a mock, was compared with",
     ),
 }
 
@@ -723,6 +745,10 @@ def test_text_and_containers():
     assert collections.defaultdict(list, a=[1]) == {"a": [1]}
     assert {1, 2} == frozenset({1, 2}) and frozenset({(1, "a")}) == {(1, "a")}
     assert {"id": 7, "name": "x"} == {"id": mock.ANY, "name": "x"}
+    expected = {"id": mock.ANY, "name": "x"}
+    assert dict(id=7, name="x") == expected
+    total = 2
+    assert sum([0.5, 1.5]) == total and [Point(1, 2)] == [(1, 2)]
     assert Money(5) == Money(5) and Money(5) != Money(6)
     assert "ell" in "hello" and b"l" in b"hello" and 3 in {3: "x"} and (1, 2) in [(1, 2)]
     assert "z" not in ["a"] and {"k": [1, (2, None)]} == {"k": [1, (2, None)]}

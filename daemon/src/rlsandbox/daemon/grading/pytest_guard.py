@@ -259,9 +259,9 @@ def _kin(value):
         if kind is bool:
             return [not value]
         if kind is int:
-            return [value + n]
+            return [value + 1, value - 1, value + n]
         if kind is float:
-            return [value + n + 0.5] if value == value and abs(value) < 1e300 else [0.5 + n]
+            return [value + 1, value - 1, value + n + 0.5] if value == value and abs(value) < 1e300 else [0.5 + n]
         if kind is complex:
             return [value + complex(n, 1)]
         if kind is str:
@@ -287,9 +287,9 @@ def _kin(value):
         if kind is datetime.timedelta:
             return [value + datetime.timedelta(seconds=n, microseconds=1)]
         if kind is decimal.Decimal:
-            return [value + n] if value.is_finite() else [decimal.Decimal(n)]
+            return [value + 1, value - 1, value + n] if value.is_finite() else [decimal.Decimal(n)]
         if kind is fractions.Fraction:
-            return [value + fractions.Fraction(1, n)]
+            return [value + 1, value - 1, value + fractions.Fraction(1, n)]
     except (OverflowError, ValueError, ArithmeticError, TypeError):
         return []
     return []
@@ -336,17 +336,61 @@ def _hidden(fn):
     return _lru_cache_wrapper(fn, 0, False, _CacheInfo)
 
 
-def _literal(node):
-    """An expression made only of constants and displays of them: a value the test wrote."""
+def _literal(node, names=frozenset()):
+    """An expression made only of constants, displays and arithmetic of them, and ``names`` (each
+    bound once, to such an expression): a value the test wrote."""
     if isinstance(node, ast.Constant):
         return node.value is not Ellipsis
+    if isinstance(node, ast.Name):
+        return isinstance(node.ctx, ast.Load) and node.id in names
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         return isinstance(node.operand, ast.Constant) and type(node.operand.value) in (int, float, complex)
+    if isinstance(node, ast.BinOp):
+        return _literal(node.left, names) and _literal(node.right, names)
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return all(_literal(e) for e in node.elts)
+        return all(_literal(e, names) for e in node.elts)
     if isinstance(node, ast.Dict):
-        return all(k is not None and _literal(k) for k in node.keys) and all(_literal(v) for v in node.values)
+        return all(k is not None and _literal(k, names) for k in node.keys) and all(_literal(v, names) for v in node.values)
     return False
+
+
+def _bindings(nodes):
+    """How often each name is bound anywhere in ``nodes`` (nested scopes too: a name bound twice
+    anywhere is no constant); a name declared global or nonlocal counts twice."""
+    counts = {}
+    for top in nodes:
+        for n in ast.walk(top):
+            if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+                found = [n.id]
+            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found = [n.name]
+            elif isinstance(n, ast.alias):
+                found = [(n.asname or n.name).split(".")[0]]
+            elif isinstance(n, (ast.Global, ast.Nonlocal)):
+                found = list(n.names) * 2
+            elif isinstance(n, ast.arg):
+                found = [n.arg]
+            else:
+                found = [getattr(n, a) for a in ("name", "rest") if isinstance(getattr(n, a, None), str)]  # except-as, match
+            for name in found:
+                counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _constants(body, scope, outer=frozenset()):
+    """The names of a scope (a module's or a function's statements, with its arguments) that are
+    values the test wrote: bound once, by a statement of the scope's own body, to a literal."""
+    counts = _bindings(scope)
+    found = {name for name in outer if name not in counts}
+    for stmt in body:
+        target = value = None
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+            target, value = stmt.targets[0], stmt.value
+        elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+            target, value = stmt.target, stmt.value
+        if isinstance(target, ast.Name) and counts.get(target.id) == 1 and _literal(value, found):
+            found.add(target.id)
+    return frozenset(found)
 
 
 def _written(node):
@@ -355,12 +399,12 @@ def _written(node):
     return isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)) and not any(isinstance(n, ast.Call) for n in ast.walk(node))
 
 
-def _known(first, second):
+def _known(first, second, names):
     """1 when ``first`` is a value the test wrote and ``second`` its answer, 2 the other way, 0 when
     it cannot tell."""
-    if _literal(second) and not _literal(first) and not _written(first):
+    if _literal(second, names) and not _literal(first, names) and not _written(first):
         return 2
-    if _literal(first) and not _literal(second) and not _written(second):
+    if _literal(first, names) and not _literal(second, names) and not _written(second):
         return 1
     return 0
 
@@ -428,20 +472,29 @@ def _strict_comparisons(event, kin=_kin, audit=sys.audit, truth=operator.truth):
         audit(event, "an object of %s %s any %s: %s was expected" % (name_of(actual), how, _type(expected).__name__, shown(expected)))
         return False
 
+    def a_mock(actual, expected):
+        module = dict_of(_type(actual)).get("__module__")
+        if _type(module) is str and (module == "unittest.mock" or module.startswith("unittest.mock.")):
+            audit(event, "an object of %s, a mock, was compared with %s, a value the test wrote" % (name_of(actual), shown(expected)))
+            return True
+        return False
+
     def checked(actual, expected):
-        # An object of no plain type (a library's: mock.ANY, an approx with any tolerance, a
-        # MagicMock) against a value the test wrote: compared as written, once, and then against
-        # other values of the expected type, none of which a correct answer equals.
-        said = truth(actual == expected)
-        if said:
-            for stranger in kin(expected) or [object()]:
-                try:
-                    also = truth(actual == stranger)
-                except Exception:
-                    also = False
-                if also:
-                    return refused(actual, expected, "equals")
-        return said
+        # An object of no plain type (a library's: an approx of any tolerance, a sympy Integer, a
+        # numpy scalar) against a value the test wrote: compared first with other values of the
+        # expected type, its neighbours among them (no correct answer equals one; an object that
+        # says yes only to its first question says it to one of them), then as written, once. A
+        # mock (mock.ANY, a MagicMock whose answers the agent programs) is no answer at all.
+        if a_mock(actual, expected):
+            return False
+        for stranger in kin(expected) or [object()]:
+            try:
+                also = truth(actual == stranger)
+            except Exception:
+                also = False
+            if also:
+                return refused(actual, expected, "equals")
+        return truth(actual == expected)
 
     def compare(a, b, known, depth):
         """True or False by the plain types' own comparisons, or None: nothing strict to say
@@ -526,16 +579,16 @@ def _strict_comparisons(event, kin=_kin, audit=sys.audit, truth=operator.truth):
         if literal != 1:
             return None
         if k is None:
-            said = truth(member in container)
-            if said:
-                for stranger in kin(member):
-                    try:
-                        also = truth(stranger in container)
-                    except Exception:
-                        also = False
-                    if also:
-                        return refused(container, member, "contains")
-            return said
+            if a_mock(container, member):
+                return False
+            for stranger in kin(member):
+                try:
+                    also = truth(stranger in container)
+                except Exception:
+                    also = False
+                if also:
+                    return refused(container, member, "contains")
+            return truth(member in container)
         if k in strings:
             return k.__contains__(container, member)
         if k not in sequences and k not in sets and k is not dict:
@@ -603,6 +656,19 @@ def _strict_comparisons(event, kin=_kin, audit=sys.audit, truth=operator.truth):
         return ast.copy_location(node, value)
 
     class Rewrite(ast.NodeTransformer):
+        def __init__(self, module):
+            # The names that hold values the test wrote, scope by scope (a class's body is no
+            # scope of its methods).
+            self.scopes = [_constants(module.body, module.body)]
+
+        def visit_FunctionDef(self, node):
+            self.scopes.append(_constants(node.body, [node.args, *node.body], self.scopes[-1]))
+            self.generic_visit(node)
+            self.scopes.pop()
+            return node
+
+        visit_AsyncFunctionDef = visit_FunctionDef
+
         def visit_Assert(self, node):
             self.generic_visit(node)
             node.test = self.truth(node.test)
@@ -619,7 +685,7 @@ def _strict_comparisons(event, kin=_kin, audit=sys.audit, truth=operator.truth):
             elif _len(args) >= 2 and (method in _EQUAL_METHODS or method in _IN_METHODS):
                 first, second = args[0], args[1]
                 ops = ("in", "has") if method in _IN_METHODS else ("==", "==")
-                known = _known(first, second)
+                known = _known(first, second, self.scopes[-1])
                 if known == 2:
                     args[0] = call(_OPERAND, first, copy.deepcopy(second), ops[0])
                 elif known == 1:
@@ -635,11 +701,11 @@ def _strict_comparisons(event, kin=_kin, audit=sys.audit, truth=operator.truth):
                 expr.operand = self.truth(expr.operand)
             elif isinstance(expr, ast.Compare) and _len(expr.ops) == 1 and _type(expr.ops[0]) in _STRICT_OPS:
                 left, right = expr.left, expr.comparators[0]
-                return call(_STRICT, left, right, _STRICT_OPS[_type(expr.ops[0])], _known(left, right))
+                return call(_STRICT, left, right, _STRICT_OPS[_type(expr.ops[0])], _known(left, right, self.scopes[-1]))
             return expr
 
     def transform(tree):
-        Rewrite().visit(tree)
+        Rewrite(tree).visit(tree)
         # The names every rewritten module holds (the guard checks each test's module for them).
         body = tree.body
         at = 0
