@@ -469,13 +469,15 @@ def _strict_comparisons(event, kin=_kin, audit=sys.audit, truth=operator.truth):
         return text if _type(text) is str and _len(text) <= 80 else "(%s)" % _type(value).__name__
 
     def refused(actual, expected, how):
-        audit(event, "an object of %s %s any %s: %s was expected" % (name_of(actual), how, _type(expected).__name__, shown(expected)))
+        what = (name_of(actual), how, _type(expected).__name__, shown(expected))
+        audit(event, "an object of %s %s any %s: %s was expected" % what)
         return False
 
     def a_mock(actual, expected):
         module = dict_of(_type(actual)).get("__module__")
         if _type(module) is str and (module == "unittest.mock" or module.startswith("unittest.mock.")):
-            audit(event, "an object of %s, a mock, was compared with %s, a value the test wrote" % (name_of(actual), shown(expected)))
+            what = (name_of(actual), shown(expected))
+            audit(event, "an object of %s, a mock, was compared with %s, a value the test wrote" % what)
             return True
         return False
 
@@ -729,6 +731,7 @@ def _make_comparisons_strict():
     """Every test module pytest rewrites is rewritten by the guard first (in pytest's module, before
     the snapshot: replacing it again is a replaced runner part). Returns the compare the modules hold."""
     import _pytest.assertion.rewrite as rewrite
+
     original = rewrite.rewrite_asserts
     strict, operand, transform = _strict_comparisons(_NAME + ".strict")
     audit = sys.audit
@@ -1783,7 +1786,8 @@ def _install(cfg, strict=None):
                 continue
             seen.add(_id(mod))
             if _module_dict(mod).get(_STRICT) is not strict:
-                tamper("the test file %s was imported past the guard's strict comparisons" % text(_module_dict(mod).get("__file__")))
+                where = text(_module_dict(mod).get("__file__"))
+                tamper("the test file %s was imported past the guard's strict comparisons" % where)
 
     def on_plan(suite):
         # The tests a TextTestRunner is about to run: one that never reports counts as not passed.
