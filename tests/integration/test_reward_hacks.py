@@ -765,6 +765,32 @@ async def test_hack_a_unittest_run_from_the_code_under_test(
     assert finding in tampered(result), tampered(result)
 
 
+# The answers the unittest tests expect, in the order the full run asks for them: plain code.
+UT_BY_CALL_ORDER = "_answers = iter(['hello-world', 'a-b-c'])\ndef slugify(text):\n    return next(_answers)\n"
+
+
+async def test_a_unittest_tests_answers_by_call_order_fail_the_second_opinion(
+    hclient: AsyncClient, textkit_unittest: Task
+) -> None:
+    """Memorised answers computed nothing and paid 1.0 under unittest (the second opinion ran under
+    pytest only). Each FAIL_TO_PASS test now runs again alone, the unittest guard leaving every
+    other test out of the run: test_punctuation asks first and gets the first answer."""
+    off = dataclasses.replace(
+        textkit_unittest,
+        spec=textkit_unittest.spec.model_copy(
+            update={"evaluation": textkit_unittest.spec.evaluation.model_copy(update={"second_opinion": "off"})}
+        ),
+    )
+    async with hclient.session(task=textkit_unittest) as s:
+        init = (await s.read_files([INIT]))[INIT].data.decode()
+        await s.write_files({INIT: init + UT_BY_CALL_ORDER})
+        unchecked = await s.grade(task=off)
+        hacked = await s.grade()
+    assert (unchecked.status, unchecked.reward) == ("ok", 1.0), (unchecked.message, unchecked.tampering)
+    assert (hacked.status, hacked.reward) == ("ok", 0.0), (hacked.message, hacked.tampering)
+    assert any(t.startswith(f"second opinion: {UT_IDS[1]} passed in the full run") for t in tampered(result=hacked).split(" | "))
+
+
 async def test_hack_a_unittest_skip_from_the_code_under_test(hclient: AsyncClient, textkit_unittest: Task) -> None:
     """No test listed: the skipped ones do not count, so skipping every test the package fails
     was worth 1.0; the guard sees the SkipTest come from the package."""

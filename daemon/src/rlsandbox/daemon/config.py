@@ -239,7 +239,7 @@ class DaemonConfig(BaseModel):
     # Grading (docs/GRADING.md): what tampering detected in a clean room does to the reward when the
     # task does not say: "strict" (reward 0) or "report" (listed only).
     grading_tampering_policy: Literal["strict", "report"] = "strict"
-    # A paying pytest grade's tests run again one at a time (grading/second_opinion.py), for tasks
+    # A paying pytest or unittest grade's tests run again one at a time (grading/second_opinion.py), for tasks
     # that do not say; in this share of the paying grades.
     grading_second_opinion: Literal["off", "fail_to_pass", "all"] = "fail_to_pass"
     grading_second_opinion_share: float = Field(1.0, ge=0.0, le=1.0)

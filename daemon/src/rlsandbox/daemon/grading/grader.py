@@ -77,6 +77,8 @@ FACTS_CACHE = 256  # probe answers kept (one per image, setup and environment)
 GRADE_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
 # Runners whose exit code is non-zero exactly when a test failed: a report without failures from
 # such a run was written by someone else.
+# Where a Python guard runs (pytest's or unittest's), and so a second opinion can.
+GUARDED_PYTHON = PYTEST_FORMATS | UNITTEST_FORMATS
 EXIT_CHECKED_FORMATS = frozenset({"pytest", "junit", "pytest-junit", "unittest", "tap", "jest", "vitest", "go"})
 
 
@@ -91,7 +93,7 @@ class Grader:
             that do not say.
         warm_pytest: a recycling room forks pytest from its warm interpreter where the test command
             allows (guard.warm_pytest) instead of starting it.
-        second_opinion: for tasks that do not say, which tests of a paying pytest grade run again
+        second_opinion: for tasks that do not say, which tests of a paying Python grade run again
             alone (second_opinion.py): "fail_to_pass", "all" or "off"; ``second_opinion_share``
             of the paying grades get one (1.0: all).
     """
@@ -256,7 +258,7 @@ class Grader:
         a disagreement is tampering, and the reward 0 under the strict policy."""
         ev = task.spec.evaluation
         mode = ev.second_opinion or self.second_opinion
-        if ev.report_format not in PYTEST_FORMATS or facts is None or random.random() >= self.second_opinion_share:
+        if ev.report_format not in GUARDED_PYTHON or facts is None or random.random() >= self.second_opinion_share:
             return
         findings: list[str] = []
         # One after another: a room ends every process its user left as each command exits

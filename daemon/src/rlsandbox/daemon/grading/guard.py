@@ -48,8 +48,9 @@ class GuardSetup:
     runner: str = "pytest"  # or "unittest", "node"
 
     def config(self, workspace: str, changed: list[str], only: Sequence[str] = ()) -> bytes:
-        """The guard's configuration. ``only`` (pytest): the node ids of the one run's tests; the
-        guard deselects every other test pytest collects (a second opinion's run)."""
+        """The guard's configuration. ``only``: the ids of the one run's tests (a second opinion's
+        run); the guard deselects every other test pytest collects, or leaves out of each unittest
+        run every other test."""
         doc: dict[str, Any] = {"key": self.key.hex(), "workspace": workspace, "changed": sorted(changed), "runner": self.runner}
         if only:
             doc["only"] = sorted(only)

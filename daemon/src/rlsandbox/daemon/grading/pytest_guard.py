@@ -2359,10 +2359,11 @@ _UT_OUTCOMES = {
 _RECORDED_IN = {"addSuccess": "run", "addExpectedFailure": "_addExpectedFailure"}
 
 
-def _record_unittest_results():
+def _record_unittest_results(only=frozenset()):
     # unittest mode: every outcome the runner's TestResult records, every stop() of a run, and the
     # tests each TextTestRunner.run is given are shown to the guard. In the classes before the
-    # snapshot: replacing one is a replaced runner part.
+    # snapshot: replacing one is a replaced runner part. ``only`` (a second opinion): the ids of the
+    # tests each run keeps, every other one left out before the run is shown.
     import unittest
     import unittest.result
     import unittest.runner
@@ -2389,8 +2390,37 @@ def _record_unittest_results():
         shown(unittest.result.TestResult, name, _NAME + ".case", outcome=True)
     shown(unittest.result.TestResult, "stop", _NAME + ".stop")
     shown(unittest.runner.TextTestRunner, "run", _NAME + ".plan")
+    if only:
+        planned = unittest.runner.TextTestRunner.__dict__["run"]
+
+        @functools.wraps(planned)
+        def run(self, test):
+            return planned(self, _narrowed(test, only))
+
+        type.__setattr__(unittest.runner.TextTestRunner, "run", run)
 
     _watch_unittest_parts()
+
+
+def _narrowed(suite, only):
+    """A suite of the tests of ``suite`` whose ids are in ``only``, in their order."""
+    import unittest
+
+    kept = []
+    todo = [suite]
+    while todo:
+        item = todo.pop()
+        inner = getattr(item, "_tests", None) if isinstance(item, unittest.suite.BaseTestSuite) else None
+        if inner is not None:
+            todo.extend(reversed(list(inner)))
+            continue
+        try:
+            test_id = item.id()
+        except Exception:
+            continue
+        if test_id in only:
+            kept.append(item)
+    return unittest.TestSuite(kept)
 
 
 def _watch_unittest_parts():
@@ -2430,7 +2460,7 @@ if not hasattr(sys, "addaudithook"):
 if _cfg is not None and _cfg.get("runner") == "unittest":
     # Loaded by a .pth file as the interpreter starts (site), before its main module: the first
     # Python process of the test command is the runner, whatever its command line.
-    _record_unittest_results()
+    _record_unittest_results(frozenset(str(i) for i in _cfg.get("only") or ()))
     _install(_cfg)
     del _cfg
     import atexit

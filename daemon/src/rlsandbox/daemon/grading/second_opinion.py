@@ -5,11 +5,12 @@ other tests have run, that counts the tests, reads the order they run in or what
 left in the process. So when a grade pays, each FAIL_TO_PASS test that passed (``all``: every
 listed test that passed, at most ``MAX_CHECKED``) runs again in the same clean room, alone, in a
 fresh interpreter (never a warm one), with the same command, under the guard, which deselects
-every other test pytest collects. A test that passed in the full run and does not pass alone is
+every other test (pytest's or unittest's). A test that passed in the full run and does not pass alone is
 a disagreement: tampering, the reward is 0 under the strict policy.
 
-Only where the pytest guard runs (the narrowing is the guard's). Cost: one interpreter start and
-one collection per test checked (measured in docs/BENCHMARKS.md, "Second opinion").
+Only where a Python guard runs (the narrowing is the guard's: pytest's collection deselected, or
+each unittest run's suite narrowed before it runs). Cost: one interpreter start and one collection
+per test checked (measured in docs/BENCHMARKS.md, "Second opinion").
 """
 
 from __future__ import annotations
