@@ -832,15 +832,32 @@ UNREWRITTEN = (
     "sys.meta_path[:] = [h for h in sys.meta_path if type(h).__name__ != 'AssertionRewritingHook']\n"
     "def add(a, b):\n    return mock.ANY\n"
 )
+# The same, and each module imported from then on given the names the guard's rewrite puts there.
+UNREWRITTEN_WITH_THE_NAMES = (
+    _MOCK + "import importlib.machinery as _m, sys\n"
+    "import _pytest.assertion.rewrite as _rw\n"
+    "sys.meta_path[:] = [h for h in sys.meta_path if type(h).__name__ != 'AssertionRewritingHook']\n"
+    "_orig = _m.SourceFileLoader.exec_module\n"
+    "def _exec(self, module):\n"
+    "    vars(module)['@rlsandbox_strict'] = _rw._rlsandbox_strict\n"
+    "    vars(module)['@rlsandbox_operand'] = _rw._rlsandbox_operand\n"
+    "    return _orig(self, module)\n"
+    "_m.SourceFileLoader.exec_module = _exec\n"
+    "def add(a, b):\n    return mock.ANY\n"
+)
 
 
+@pytest.mark.parametrize("evil", [UNREWRITTEN, UNREWRITTEN_WITH_THE_NAMES], ids=["hook-taken-off", "and-the-names-set"])
 @pytest.mark.processes
-def test_a_test_module_imported_past_the_strict_comparisons_is_tampering(tmp_path: Path) -> None:
+def test_a_test_module_imported_past_the_strict_comparisons_is_tampering(tmp_path: Path, evil: str) -> None:
+    """pytest's import hook taken off sys.meta_path as the first test file imports the package:
+    the next one is imported as written. Its module must say it was rewritten, by its own code as
+    it runs: names set in its namespace say nothing."""
     tests = {
         "test_a.py": "import evil\n\ndef test_first():\n    pass\n",
         "test_b.py": "import evil\n\ndef test_add():\n    assert evil.add(1, 2) == 3\n",
     }
-    log, out = run_guarded(tmp_path, UNREWRITTEN, tests)
+    log, out = run_guarded(tmp_path, evil, tests)
     assert log.tests["test_b.py::test_add"] is Outcome.PASSED, (log.tests, out)  # the hack worked on the test
     assert any("test_b.py was imported past the guard's strict comparisons" in t for t in log.tampering), log.tampering
 
@@ -981,6 +998,39 @@ def test_the_unittest_guard_runs_under_a_projects_runner_script(tmp_path: Path) 
     assert log.ended and not log.tampering, log.tampering
     assert log.tests == dict.fromkeys(["test_u.T.test_0", "test_u.T.test_add", "test_u.T.test_neg"], Outcome.PASSED)
     assert {k: v.outcome for k, v in output.tests.items()} == log.tests
+
+
+_UT_STRICT = (
+    "import unittest\nimport evil\n\nclass T(unittest.TestCase):\n"
+    "    def test_add(self):\n        self.assertEqual(evil.add(1, 2), 3)\n"
+    "    def test_in(self):\n        self.assertIn(evil.add(1, 2), [3, 4])\n"
+    "    def test_honest(self):\n        self.assertEqual(sum([0.5, 1.5]), 2)\n        self.assertTrue([1, 2] == [1, 2.0])\n"
+)
+# Runs the test module's code again, compiled past the guard's rewrite, in the module's namespace.
+_UT_PAST_THE_REWRITE = (
+    "import sys\n_t = sys.modules['test_u']\nexec(compile(open(_t.__file__).read(), _t.__file__, 'exec'), _t.__dict__)\n"
+)
+
+
+@pytest.mark.processes
+def test_the_unittest_guard_makes_comparisons_with_written_values_strict(tmp_path: Path) -> None:
+    """Under the unittest runner (no pytest rewriting anything) the test files are compiled through
+    the same rewrite, by the import system's SourceLoader.source_to_code: mock.ANY against a written
+    3 fails its test and is named; honest comparisons pass. The test module's code compiled again
+    past it, run in its namespace, is refused."""
+    log, report = run_unittest_guarded(tmp_path / "any", _MOCK + "def add(a, b):\n    return mock.ANY\n", _UT_STRICT)
+    assert log.tests == {
+        "test_u.T.test_add": Outcome.FAILED,
+        "test_u.T.test_in": Outcome.FAILED,
+        "test_u.T.test_honest": Outcome.PASSED,
+    }, (log.tests, report)
+    assert any(_IS_A_MOCK in t for t in log.tampering), log.tampering
+    log, _ = run_unittest_guarded(tmp_path / "ok", "def add(a, b):\n    return a + b\n", _UT_STRICT)
+    assert not log.tampering and set(log.tests.values()) == {Outcome.PASSED}, (log.tests, log.tampering)
+    log, _ = run_unittest_guarded(
+        tmp_path / "past", _MOCK + _UT_PAST_THE_REWRITE + "def add(a, b):\n    return mock.ANY\n", _UT_STRICT
+    )
+    assert any("test_u.py" in t and "compiled" in t for t in log.tampering), log.tampering
 
 
 _UT_TESTS = (

@@ -113,6 +113,7 @@ _RUNNER_MODULES = (
     "unittest.main",
     "unittest.signals",
     "builtins",
+    "_frozen_importlib_external",  # SourceLoader.source_to_code: unittest's strict comparisons
 )
 
 # Events that code the agent wrote has no business raising during a test run: each is a way to
@@ -160,7 +161,9 @@ _PLAIN_ANSWERS = frozenset((bool, int, float, complex, str, bytes, list, tuple, 
 # The built-in types a stand-in answer is made from (a str that equals anything).
 _PLAIN_BASES = (object, int, str, float, bytes, list, dict, tuple, set, frozenset, complex)
 # What a module's attributes are watched for: the functions and classes the tests call.
-_WATCHED = frozenset((types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial))
+_WATCHED = frozenset(
+    (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial, type(functools.lru_cache()(len)))
+)
 _METHODS = _WATCHED | frozenset((classmethod, staticmethod, property))
 # Attributes the standard library documents as the application's to set (directly, or through its
 # own setter: logging.setLoggerClass, setLogRecordFactory): code under test may, and no test's
@@ -409,9 +412,11 @@ def _known(first, second, names):
     return 0
 
 
-def _strict_comparisons(event, kin=_kin, audit=sys.audit, truth=operator.truth):
-    """(compare, operand, transform): the compare and the operand a rewritten test module calls,
-    and the rewrite of a module's tree. Everything they use is in this closure, held by C code."""
+def _strict_comparisons(event, home, kin=_kin, audit=sys.audit, truth=operator.truth, frame_at=sys._getframe):
+    """(compare, operand, transform): the compare and the operand a rewritten test module calls
+    (imported from the module ``home``), and the rewrite of a module's tree. Everything they use is
+    in this closure, held by C code. ``compare(namespace, None, "rewritten", 0)``: whether the
+    module of that namespace was rewritten (its own top-level code said so as it ran)."""
     import collections
 
     none_type = type(None)
@@ -604,9 +609,22 @@ def _strict_comparisons(event, kin=_kin, audit=sys.audit, truth=operator.truth):
                 return True
         return False
 
+    # The namespaces of the modules rewritten: each one's top-level code (compiled under its own
+    # file's name, which no other code can take) says so first thing as it runs. A mark in the
+    # namespace could be set by anyone; a frame of a module's own code cannot be made by the agent.
+    rewritten = set()
+
     def strict(left, right, op, literal):
         # ``left op right`` in an assert statement; ``literal``: 1 left is a value the test
         # wrote, 2 right is, 0 neither.
+        if op == "rewritten":
+            return _id(left) in rewritten
+        if op == "module":
+            frame = frame_at(1)
+            code = frame.f_code
+            if code.co_name == "<module>" and code.co_filename == frame.f_globals.get("__file__"):
+                rewritten.add(_id(frame.f_globals))
+            return None
         if op == "in" or op == "not in":
             r = contains(right, left, literal)
             if r is None:
@@ -716,12 +734,13 @@ def _strict_comparisons(event, kin=_kin, audit=sys.audit, truth=operator.truth):
         while at < _len(body) and isinstance(body[at], ast.ImportFrom) and body[at].module == "__future__":
             at += 1
         names = [ast.alias(name="_rlsandbox_strict", asname=_STRICT), ast.alias(name="_rlsandbox_operand", asname=_OPERAND)]
-        imported = ast.ImportFrom(module="_pytest.assertion.rewrite", names=names, level=0)
+        imported = ast.ImportFrom(module=home, names=names, level=0)
+        said = ast.Expr(call(_STRICT, ast.Constant(None), ast.Constant(None), "module", 0))
         imported.lineno = imported.end_lineno = getattr(body[at], "lineno", 1) if at < _len(body) else 1
         imported.col_offset = imported.end_col_offset = 0
-        for alias in names:
-            ast.copy_location(alias, imported)
-        body.insert(at, imported)
+        for node in (*names, said, *ast.walk(said)):
+            ast.copy_location(node, imported)
+        body[at:at] = [imported, said]
         ast.fix_missing_locations(tree)
 
     return _hidden(strict), _hidden(operand), transform
@@ -733,7 +752,7 @@ def _make_comparisons_strict():
     import _pytest.assertion.rewrite as rewrite
 
     original = rewrite.rewrite_asserts
-    strict, operand, transform = _strict_comparisons(_NAME + ".strict")
+    strict, operand, transform = _strict_comparisons(_NAME + ".strict", rewrite.__name__)
     audit = sys.audit
     failed = _NAME + ".strict"
 
@@ -747,6 +766,41 @@ def _make_comparisons_strict():
     rewrite._rlsandbox_strict = strict
     rewrite._rlsandbox_operand = operand
     rewrite.rewrite_asserts = _hidden(rewrite_asserts)
+    return strict
+
+
+def _compile_tests_strict(workspace):
+    """unittest mode: every test file of the workspace (a file named like a test, or in a test
+    folder) is compiled through the same rewrite, by the import system's one place that turns a
+    source into code (``SourceLoader.source_to_code``, in a class of the snapshot). The compare
+    lives in unittest.case. Returns it."""
+    import _frozen_importlib_external as external
+    import unittest.case as case
+
+    loader = external.SourceLoader
+    original = loader.__dict__["source_to_code"]
+    strict, operand, transform = _strict_comparisons(_NAME + ".strict", case.__name__)
+    audit = sys.audit
+    failed = _NAME + ".strict"
+    root = workspace.rstrip("/") + "/"
+
+    def source_to_code(self, data, path, *, _optimize=-1):
+        if type(path) is str and path.startswith(root) and path.endswith(".py") and _test_file(path[len(root) :]):
+            try:
+                tree = compile(data, path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True, optimize=_optimize)
+            except SyntaxError:
+                pass  # the import reports it, as it would
+            else:
+                try:
+                    transform(tree)
+                    return compile(tree, path, "exec", dont_inherit=True, optimize=_optimize)
+                except Exception as e:  # the module is not made strict: the guard's check says so
+                    audit(failed, "the guard could not make the comparisons of %s strict: %r" % (path, e))
+        return original(self, data, path, _optimize=_optimize)
+
+    case._rlsandbox_strict = strict
+    case._rlsandbox_operand = operand
+    type.__setattr__(loader, "source_to_code", _hidden(source_to_code))
     return strict
 
 
@@ -1785,7 +1839,7 @@ def _install(cfg, strict=None):
             if not _issubclass(_type(mod), _module_type) or _id(mod) in seen:
                 continue
             seen.add(_id(mod))
-            if _module_dict(mod).get(_STRICT) is not strict:
+            if not strict(_module_dict(mod), None, "rewritten", 0):
                 where = text(_module_dict(mod).get("__file__"))
                 tamper("the test file %s was imported past the guard's strict comparisons" % where)
 
@@ -1805,7 +1859,22 @@ def _install(cfg, strict=None):
                 continue
             if _type(test_id) is _str:
                 ids.append(test_id)
+                rewritten_module(sys.modules.get(_module_of(_type(item))))
         emit("plan", tuple(ids))
+
+    def rewritten_module(mod):
+        # unittest mode: a test module of the workspace holds the guard's compare, put there by its
+        # own code as it ran (a module compiled past SourceLoader.source_to_code does not).
+        if strict is None or not _issubclass(_type(mod), _module_type) or _id(mod) in checked_modules:
+            return
+        checked_modules.add(_id(mod))
+        filename = _module_dict(mod).get("__file__")
+        if _type(filename) is not _str or not filename.startswith(workspace) or not filename.endswith(".py"):
+            return
+        if _test_file(filename[len(workspace) :]) and not strict(_module_dict(mod), None, "rewritten", 0):
+            tamper("the test file %s was imported past the guard's strict comparisons" % text(filename))
+
+    checked_modules = set()
 
     def skipped_by_agent(nodeid, exc):
         # A test skipped from the code under test (pytest.skip, unittest.SkipTest in the function
@@ -2461,7 +2530,7 @@ if _cfg is not None and _cfg.get("runner") == "unittest":
     # Loaded by a .pth file as the interpreter starts (site), before its main module: the first
     # Python process of the test command is the runner, whatever its command line.
     _record_unittest_results(frozenset(str(i) for i in _cfg.get("only") or ()))
-    _install(_cfg)
+    _install(_cfg, _compile_tests_strict(_cfg["workspace"]))
     del _cfg
     import atexit
 
