@@ -113,7 +113,6 @@ _RUNNER_MODULES = (
     "unittest.main",
     "unittest.signals",
     "builtins",
-    "_frozen_importlib_external",  # SourceLoader.source_to_code: unittest's strict comparisons
 )
 
 # Events that code the agent wrote has no business raising during a test run: each is a way to
@@ -489,19 +488,20 @@ def _strict_comparisons(event, home, kin=_kin, audit=sys.audit, truth=operator.t
     def checked(actual, expected):
         # An object of no plain type (a library's: an approx of any tolerance, a sympy Integer, a
         # numpy scalar) against a value the test wrote: compared first with other values of the
-        # expected type, its neighbours among them (no correct answer equals one; an object that
-        # says yes only to its first question says it to one of them), then as written, once. A
-        # mock (mock.ANY, a MagicMock whose answers the agent programs) is no answer at all.
+        # expected type, its neighbours among them, then as written, once. Equal to the expected
+        # value and to one of them (no correct answer is; an object that says yes only to its
+        # first question says it to a stranger) is refused. A mock (mock.ANY, a MagicMock whose
+        # answers the agent programs) is no answer at all.
         if a_mock(actual, expected):
             return False
+        also = False
         for stranger in kin(expected) or [object()]:
             try:
-                also = truth(actual == stranger)
+                also = also or truth(actual == stranger)
             except Exception:
-                also = False
-            if also:
-                return refused(actual, expected, "equals")
-        return truth(actual == expected)
+                pass
+        said = truth(actual == expected)
+        return refused(actual, expected, "equals") if said and also else said
 
     def compare(a, b, known, depth):
         """True or False by the plain types' own comparisons, or None: nothing strict to say
@@ -588,14 +588,14 @@ def _strict_comparisons(event, home, kin=_kin, audit=sys.audit, truth=operator.t
         if k is None:
             if a_mock(container, member):
                 return False
+            also = False
             for stranger in kin(member):
                 try:
-                    also = truth(stranger in container)
+                    also = also or truth(stranger in container)
                 except Exception:
-                    also = False
-                if also:
-                    return refused(container, member, "contains")
-            return truth(member in container)
+                    pass
+            said = truth(member in container)
+            return refused(container, member, "contains") if said and also else said
         if k in strings:
             return k.__contains__(container, member)
         if k not in sequences and k not in sets and k is not dict:
