@@ -672,60 +672,79 @@ def _strict_comparisons(event, home, kin=_kin, audit=sys.audit, truth=operator.t
         return value if r is None or r else Unequal(value)
 
     def call(name, value, other, *more):
-        node = ast.Call(ast.Name(name, ast.Load()), [value, other, *(ast.Constant(m) for m in more)], [])
-        return ast.copy_location(node, value)
+        made = [ast.Name(name, ast.Load()), *(ast.Constant(m) for m in more)]
+        node = ast.Call(made[0], [value, other, *made[1:]], [])
+        for new in (node, *made):
+            ast.copy_location(new, value)
+        return node
 
-    class Rewrite(ast.NodeTransformer):
-        def __init__(self, module):
-            # The names that hold values the test wrote, scope by scope (a class's body is no
-            # scope of its methods).
-            self.scopes = [_constants(module.body, module.body)]
+    class Scope:
+        # The names of a scope that hold values the test wrote, found when first asked (most
+        # comparisons have a literal or a call on one side). A class's body is no scope of its
+        # methods: theirs encloses the module's.
+        def __init__(self, body, nodes, outer):
+            self.body, self.nodes, self.outer, self.names = body, nodes, outer, None
 
-        def visit_FunctionDef(self, node):
-            self.scopes.append(_constants(node.body, [node.args, *node.body], self.scopes[-1]))
-            self.generic_visit(node)
-            self.scopes.pop()
-            return node
+        def __contains__(self, name):
+            return name in self.known()
 
-        visit_AsyncFunctionDef = visit_FunctionDef
+        def known(self):
+            if self.names is None:
+                self.names = _constants(self.body, self.nodes, self.outer.known() if self.outer else frozenset())
+            return self.names
 
-        def visit_Assert(self, node):
-            self.generic_visit(node)
-            node.test = self.truth(node.test)
-            return node
+    def statements(body, scope):
+        # Only statements are walked (a test module's asserts and assert* calls are statements):
+        # a NodeTransformer over every expression cost ~16 ms a module of 50 tests.
+        for stmt in body:
+            kind_ = _type(stmt)
+            if kind_ is ast.Assert:
+                stmt.test = truth_of(stmt.test, scope)
+            elif kind_ is ast.Expr and _type(stmt.value) is ast.Call:
+                method_call(stmt.value, scope)
+            elif kind_ is ast.FunctionDef or kind_ is ast.AsyncFunctionDef:
+                statements(stmt.body, Scope(stmt.body, [stmt.args, *stmt.body], scope))
+                continue
+            elif kind_ is ast.ClassDef:
+                statements(stmt.body, scope)
+                continue
+            for field in ("body", "orelse", "finalbody"):
+                inner = getattr(stmt, field, None)
+                if _type(inner) is list:
+                    statements(inner, scope)
+            for part in getattr(stmt, "handlers", ()) or getattr(stmt, "cases", ()):
+                statements(part.body, scope)
 
-        def visit_Call(self, node):
-            self.generic_visit(node)
-            f, args = node.func, node.args
-            method = f.attr if isinstance(f, ast.Attribute) else None
-            if method is None or not args or any(isinstance(a, ast.Starred) for a in args[:2]):
-                return node
-            if method in _TRUTH_METHODS:
-                args[0] = self.truth(args[0])
-            elif _len(args) >= 2 and (method in _EQUAL_METHODS or method in _IN_METHODS):
-                first, second = args[0], args[1]
-                ops = ("in", "has") if method in _IN_METHODS else ("==", "==")
-                known = _known(first, second, self.scopes[-1])
-                if known == 2:
-                    args[0] = call(_OPERAND, first, copy.deepcopy(second), ops[0])
-                elif known == 1:
-                    args[1] = call(_OPERAND, second, copy.deepcopy(first), ops[1])
-            return node
+    def method_call(node, scope):
+        f, args = node.func, node.args
+        method = f.attr if _type(f) is ast.Attribute else None
+        if method is None or not args or any(_type(a) is ast.Starred for a in args[:2]):
+            return
+        if method in _TRUTH_METHODS:
+            args[0] = truth_of(args[0], scope)
+        elif _len(args) >= 2 and (method in _EQUAL_METHODS or method in _IN_METHODS):
+            first, second = args[0], args[1]
+            ops = ("in", "has") if method in _IN_METHODS else ("==", "==")
+            known = _known(first, second, scope)
+            if known == 2:
+                args[0] = call(_OPERAND, first, copy.deepcopy(second), ops[0])
+            elif known == 1:
+                args[1] = call(_OPERAND, second, copy.deepcopy(first), ops[1])
 
-        def truth(self, expr):
-            # Where only the truth of a comparison counts: the assert's test, and the operands
-            # of and, or and not in it.
-            if isinstance(expr, ast.BoolOp):
-                expr.values = [self.truth(v) for v in expr.values]
-            elif isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
-                expr.operand = self.truth(expr.operand)
-            elif isinstance(expr, ast.Compare) and _len(expr.ops) == 1 and _type(expr.ops[0]) in _STRICT_OPS:
-                left, right = expr.left, expr.comparators[0]
-                return call(_STRICT, left, right, _STRICT_OPS[_type(expr.ops[0])], _known(left, right, self.scopes[-1]))
-            return expr
+    def truth_of(expr, scope):
+        # Where only the truth of a comparison counts: the assert's test, and the operands of
+        # and, or and not in it.
+        if _type(expr) is ast.BoolOp:
+            expr.values = [truth_of(v, scope) for v in expr.values]
+        elif _type(expr) is ast.UnaryOp and _type(expr.op) is ast.Not:
+            expr.operand = truth_of(expr.operand, scope)
+        elif _type(expr) is ast.Compare and _len(expr.ops) == 1 and _type(expr.ops[0]) in _STRICT_OPS:
+            left, right = expr.left, expr.comparators[0]
+            return call(_STRICT, left, right, _STRICT_OPS[_type(expr.ops[0])], _known(left, right, scope))
+        return expr
 
     def transform(tree):
-        Rewrite(tree).visit(tree)
+        statements(tree.body, Scope(tree.body, tree.body, None))
         # The names every rewritten module holds (the guard checks each test's module for them).
         body = tree.body
         at = 0
@@ -741,7 +760,6 @@ def _strict_comparisons(event, home, kin=_kin, audit=sys.audit, truth=operator.t
         for node in (*names, said, *ast.walk(said)):
             ast.copy_location(node, imported)
         body[at:at] = [imported, said]
-        ast.fix_missing_locations(tree)
 
     return _hidden(strict), _hidden(operand), transform
 
