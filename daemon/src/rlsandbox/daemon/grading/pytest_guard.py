@@ -1864,20 +1864,12 @@ def _install(cfg, strict=None):
     def on_plan(suite):
         # The tests a TextTestRunner is about to run: one that never reports counts as not passed.
         ids = []
-        pending_ = [suite]
-        while pending_ and _len(ids) < 100000:
-            item = pending_.pop()
-            inner = _object_dict(item).get("_tests") if _isinstance(item, suite_type) else None
-            if inner is not None:
-                pending_.extend(reversed(list(inner)))
-                continue
-            try:
-                test_id = item.id()
-            except Exception:
-                continue
+        for item, test_id in _suite_tests(suite, suite_type):
             if _type(test_id) is _str:
                 ids.append(test_id)
                 rewritten_module(sys.modules.get(_module_of(_type(item))))
+            if _len(ids) >= 100000:
+                break
         emit("plan", tuple(ids))
 
     def rewritten_module(mod):
@@ -2489,15 +2481,13 @@ def _record_unittest_results(only=frozenset()):
     _watch_unittest_parts()
 
 
-def _narrowed(suite, only):
-    """A suite of the tests of ``suite`` whose ids are in ``only``, in their order."""
-    import unittest
-
-    kept = []
+def _suite_tests(suite, suite_type):
+    """(test, its id) for each test of a unittest suite, in order, read past the objects' own
+    attribute lookups; tests whose id() raises are left out."""
     todo = [suite]
     while todo:
         item = todo.pop()
-        inner = getattr(item, "_tests", None) if isinstance(item, unittest.suite.BaseTestSuite) else None
+        inner = _own_dict(item).get("_tests") if isinstance(item, suite_type) else None
         if inner is not None:
             todo.extend(reversed(list(inner)))
             continue
@@ -2505,9 +2495,14 @@ def _narrowed(suite, only):
             test_id = item.id()
         except Exception:
             continue
-        if test_id in only:
-            kept.append(item)
-    return unittest.TestSuite(kept)
+        yield item, test_id
+
+
+def _narrowed(suite, only):
+    """A suite of the tests of ``suite`` whose ids are in ``only``, in their order."""
+    import unittest
+
+    return unittest.TestSuite([item for item, test_id in _suite_tests(suite, unittest.suite.BaseTestSuite) if test_id in only])
 
 
 def _watch_unittest_parts():
