@@ -529,6 +529,15 @@ _ARMED = (
 )
 EQUAL_WHEN_ARMED = _ARMED + "def add(a, b):\n    return E('x')\n"
 EQUAL_WHEN_ARMED_UNWRAPPED = _ARMED + "E.__eq__ = getattr(E.__eq__, '__wrapped__', E.__eq__)\ndef add(a, b):\n    return E('x')\n"
+# The same, and the guard's wrapper of its comparison silenced: the cell of its closure that holds
+# the function it reports with (sys.audit) set to one that says nothing.
+EQUAL_WHEN_ARMED_SILENCED = _ARMED + (
+    "import sys\n"
+    "for _c in getattr(E.__dict__['__eq__'], '__closure__', None) or ():\n"
+    "    if _c.cell_contents is sys.audit:\n"
+    "        _c.cell_contents = lambda *a: None\n"
+    "def add(a, b):\n    return E('x')\n"
+)
 EQUAL_BY_A_TRUTHY_STR = (
     "class E(str):\n    def __new__(cls, v):\n        obj = super().__new__(cls, v)\n        obj.k = 1\n        return obj\n"
     "    def __eq__(self, other):\n        return 'yes' if getattr(self, 'k', 0) else str.__eq__(self, other)\n"
@@ -561,6 +570,7 @@ EQUAL_TO_ANY_FROZENSET = "# expect: frozenset({1, 2})\n" + _BY_TYPE.format(t="fr
         (CONTAINS_ANYTHING, "evil.E (%s) contains anything"),
         (EQUAL_WHEN_ARMED, "evil.E (%s) equals anything"),
         (EQUAL_WHEN_ARMED_UNWRAPPED, "evil.E (%s) equals anything"),
+        (EQUAL_WHEN_ARMED_SILENCED, "evil.E (%s) equals anything"),
         (EQUAL_BY_A_TRUTHY_STR, "evil.E (%s) equals anything"),
         (EQUAL_TO_ANY_TIME, "evil.E (%s) equals any time"),
         (EQUAL_TO_ANY_BYTES, "evil.E (%s) equals any bytes"),
@@ -578,6 +588,7 @@ EQUAL_TO_ANY_FROZENSET = "# expect: frozenset({1, 2})\n" + _BY_TYPE.format(t="fr
         "contains-anything",
         "armed-by-its-constructor",
         "armed-and-unwrapped",
+        "armed-and-the-wrapper-silenced",
         "a-truthy-str-for-yes",
         "equal-to-any-time",
         "equal-to-any-bytes",
@@ -860,6 +871,26 @@ def test_a_test_module_imported_past_the_strict_comparisons_is_tampering(tmp_pat
     log, out = run_guarded(tmp_path, evil, tests)
     assert log.tests["test_b.py::test_add"] is Outcome.PASSED, (log.tests, out)  # the hack worked on the test
     assert any("test_b.py was imported past the guard's strict comparisons" in t for t in log.tampering), log.tampering
+
+
+# The guard's own module is in sys.modules (under a random name the agent's code can look for):
+# its function that makes values of the expected type, replaced in its namespace, took the probe
+# of an answer equal to any time away.
+GUARDS_OWN_FUNCTION = (
+    "import sys\n"
+    "_g = [m for n, m in list(sys.modules.items()) if n.startswith('rlsandbox_guard_')][0]\n"
+    "vars(_g)['_kin'] = lambda value: []\n" + EQUAL_TO_ANY_TIME.split("\n", 2)[2]
+)
+
+
+@pytest.mark.processes
+def test_the_guards_own_functions_replaced_in_its_module_are_tampering(tmp_path: Path) -> None:
+    """Its module is watched like a library's: a function replaced in it is caught."""
+    test = "import datetime, evil\n\ndef test_add():\n    expected = [datetime.time(10, 30)][0]\n"
+    test += "    assert evil.add(1, 2) == expected\n"
+    log, out = run_guarded(tmp_path, "import datetime\n" + GUARDS_OWN_FUNCTION, {"test_y.py": test})
+    assert log.tests == {"test_y.py::test_add": Outcome.PASSED}, (log.tests, out)  # the hack worked on the test
+    assert any("._kin was replaced by code of" in t for t in log.tampering), log.tampering
 
 
 # Fixtures forged through the fixture manager pytest keeps on the session (reached through

@@ -212,7 +212,7 @@ def _snapshot():
     modules = {}
     classes = []
     functions = set()
-    for name in _RUNNER_MODULES:
+    for name in (*_RUNNER_MODULES, _NAME):  # the guard's own functions too (reached through sys.modules)
         mod = sys.modules.get(name)
         if mod is None:
             continue
@@ -827,7 +827,9 @@ _EPOCH = [0]  # the number of tests run so far: the comparison wrappers forget w
 
 def _answering(fn, dunder):
     # In place of a comparison of the agent's: a yes (which no correct object gives to every
-    # question) is shown to the guard with the object and the function.
+    # question) is shown to the guard with the object and the function. Held by C code: the
+    # closure of a Python function can be rewritten by the code under test (the cell that holds
+    # sys.audit set to a function that says nothing).
     audit = sys.audit
     event = _NAME + ".compared"
     truth = operator.truth
@@ -858,11 +860,9 @@ def _answering(fn, dunder):
                     audit(event, self, fn, dunder, other)
         return result
 
-    functools.update_wrapper(answer, fn)
-    return answer
-
-
-_ANSWER_CODE = _answering(len, "").__code__
+    held = _hidden(answer)
+    functools.update_wrapper(held, fn)  # __wrapped__: the agent's own function
+    return held
 
 
 def _proxy(handler, audit, event):
@@ -2124,8 +2124,10 @@ def _install(cfg, strict=None):
                 for base in mro:
                     fn = _type_dict(base).get(dunder)
                     if fn is not None:
-                        if _type(fn) is _function:
-                            fn = _function_dict(fn).get("__wrapped__", fn) if fn.__code__ is _ANSWER_CODE else fn
+                        held = answers.get(_id(fn))
+                        if held is not None and held[0] is fn:
+                            tests.append((held[1], dunder))  # the agent's function the guard's wrapper calls
+                        elif _type(fn) is _function:
                             tests.append((fn, dunder))
                         break
         return probe_object(subject, tests, True)
@@ -2144,16 +2146,19 @@ def _install(cfg, strict=None):
     # object (set by its __init__) is caught on the object the test compared.
     compared = set()
     answering = []  # [class, its dict, name, the wrapper]: each checked at every phase of a test
+    answers = {}  # id(a wrapper of the guard's) -> (the wrapper, the agent's function it calls)
 
     def watch_comparisons(cls):
         own = _type_dict(cls)
         for dunder in _PROBED:
             fn = own.get(dunder)
-            if _type(fn) is _function and fn.__code__ is not _ANSWER_CODE:
+            if _type(fn) is _function:  # (a wrapper of the guard's is C-held: no function)
+                wrapper = _answering(fn, dunder)
                 try:
-                    type.__setattr__(cls, dunder, _answering(fn, dunder))
+                    type.__setattr__(cls, dunder, wrapper)
                 except Exception:
                     continue
+                answers[_id(wrapper)] = (wrapper, fn)
                 answering.append((cls, own, dunder, own.get(dunder)))
                 del answering_flat[:]
 
