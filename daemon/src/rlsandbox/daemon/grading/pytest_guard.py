@@ -485,23 +485,26 @@ def _strict_comparisons(event, home, kin=_kin, audit=sys.audit, truth=operator.t
             return True
         return False
 
-    def checked(actual, expected):
+    def probed(subject, written, ask, how):
         # An object of no plain type (a library's: an approx of any tolerance, a sympy Integer, a
-        # numpy scalar) against a value the test wrote: compared first with other values of the
-        # expected type, its neighbours among them, then as written, once. Equal to the expected
-        # value and to one of them (no correct answer is; an object that says yes only to its
-        # first question says it to a stranger) is refused. A mock (mock.ANY, a MagicMock whose
-        # answers the agent programs) is no answer at all.
-        if a_mock(actual, expected):
+        # numpy scalar) asked about a value the test wrote: asked first about other values of
+        # the written value's type, its neighbours among them, then about the written value, once.
+        # A yes to the written value and to one of them (no correct answer gives both; an object
+        # that says yes only to its first question says it to a stranger) is refused. A mock
+        # (mock.ANY, a MagicMock whose answers the agent programs) is no answer at all.
+        if a_mock(subject, written):
             return False
         also = False
-        for stranger in kin(expected) or [object()]:
+        for stranger in kin(written) or ([object()] if how == "equals" else []):
             try:
-                also = also or truth(actual == stranger)
+                also = also or truth(ask(stranger))
             except Exception:
                 pass
-        said = truth(actual == expected)
-        return refused(actual, expected, "equals") if said and also else said
+        said = truth(ask(written))
+        return refused(subject, written, how) if said and also else said
+
+    def checked(actual, expected):
+        return probed(actual, expected, lambda value: actual == value, "equals")
 
     def compare(a, b, known, depth):
         """True or False by the plain types' own comparisons, or None: nothing strict to say
@@ -586,16 +589,7 @@ def _strict_comparisons(event, home, kin=_kin, audit=sys.audit, truth=operator.t
         if literal != 1:
             return None
         if k is None:
-            if a_mock(container, member):
-                return False
-            also = False
-            for stranger in kin(member):
-                try:
-                    also = also or truth(stranger in container)
-                except Exception:
-                    pass
-            said = truth(member in container)
-            return refused(container, member, "contains") if said and also else said
+            return probed(container, member, lambda value: value in container, "contains")
         if k in strings:
             return k.__contains__(container, member)
         if k not in sequences and k not in sets and k is not dict:
@@ -764,13 +758,22 @@ def _strict_comparisons(event, home, kin=_kin, audit=sys.audit, truth=operator.t
     return _hidden(strict), _hidden(operand), transform
 
 
+def _comparisons_in(home):
+    """The compare and the operand, put in module ``home`` (where rewritten modules import them
+    from); returns the compare and the rewrite."""
+    strict, operand, transform = _strict_comparisons(_NAME + ".strict", home.__name__)
+    home._rlsandbox_strict = strict
+    home._rlsandbox_operand = operand
+    return strict, transform
+
+
 def _make_comparisons_strict():
     """Every test module pytest rewrites is rewritten by the guard first (in pytest's module, before
     the snapshot: replacing it again is a replaced runner part). Returns the compare the modules hold."""
     import _pytest.assertion.rewrite as rewrite
 
     original = rewrite.rewrite_asserts
-    strict, operand, transform = _strict_comparisons(_NAME + ".strict", rewrite.__name__)
+    strict, transform = _comparisons_in(rewrite)
     audit = sys.audit
     failed = _NAME + ".strict"
 
@@ -781,8 +784,6 @@ def _make_comparisons_strict():
             audit(failed, "the guard could not make the comparisons of a test module strict: %r" % (e,))
         return original(mod, *args, **kwargs)
 
-    rewrite._rlsandbox_strict = strict
-    rewrite._rlsandbox_operand = operand
     rewrite.rewrite_asserts = _hidden(rewrite_asserts)
     return strict
 
@@ -797,7 +798,7 @@ def _compile_tests_strict(workspace):
 
     loader = external.SourceLoader
     original = loader.__dict__["source_to_code"]
-    strict, operand, transform = _strict_comparisons(_NAME + ".strict", case.__name__)
+    strict, transform = _comparisons_in(case)
     audit = sys.audit
     failed = _NAME + ".strict"
     root = workspace.rstrip("/") + "/"
@@ -816,8 +817,6 @@ def _compile_tests_strict(workspace):
                     audit(failed, "the guard could not make the comparisons of %s strict: %r" % (path, e))
         return original(self, data, path, _optimize=_optimize)
 
-    case._rlsandbox_strict = strict
-    case._rlsandbox_operand = operand
     type.__setattr__(loader, "source_to_code", _hidden(source_to_code))
     return strict
 
