@@ -679,6 +679,12 @@ LIBRARY_ANSWERS = {
         "assert evil.add(1, 2) == EXPECTED\n\nEXPECTED: str = 'a' * 3",
         _IS_A_MOCK,
     ),
+    "written-value-replaced-in-the-test-module": (
+        "import sys\ndef add(a, b):\n    from unittest import mock\n"
+        "    vars(sys.modules['test_y'])['EXPECTED'] = getattr(mock, 'AN' + 'Y')\n    return a - b\n",
+        "assert evil.add(1, 2) == EXPECTED\n\nEXPECTED = 3",
+        "a value a test wrote was replaced by an object of unittest.mock._ANY",
+    ),
     "approx-of-a-range": (
         "import pytest\ndef add(a, b):\n    return pytest.approx(50, abs=100)\n",
         "assert evil.add(1, 2) == 3",

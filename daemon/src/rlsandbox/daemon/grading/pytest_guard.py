@@ -619,6 +619,8 @@ def _strict_comparisons(event, home, kin=_kin, audit=sys.audit, truth=operator.t
             if code.co_name == "<module>" and code.co_filename == frame.f_globals.get("__file__"):
                 rewritten.add(_id(frame.f_globals))
             return None
+        if literal and replaced(right if literal == 2 else left):
+            return op == "!=" or op == "not in"  # the comparison fails, whichever way it is asked
         if op == "in" or op == "not in":
             r = contains(right, left, literal)
             if r is None:
@@ -654,9 +656,19 @@ def _strict_comparisons(event, home, kin=_kin, audit=sys.audit, truth=operator.t
         def __repr__(self):
             return shown(self.value)
 
+    def replaced(written):
+        # A value the test wrote is of a plain type; one that is not was put in its place (a
+        # module constant of the test file rebound through the module's namespace).
+        if kind(written) is not None:
+            return False
+        audit(event, "a value a test wrote was replaced by an object of %s, no plain value" % name_of(written))
+        return True
+
     def operand(value, written, op):
         # An argument of assertEqual (or assertIn) against one the test wrote: itself when the
         # strict comparison agrees, else an object equal to nothing.
+        if replaced(written):
+            return Unequal(value)
         if op == "==":
             r = compare(value, written, True, 0)
         elif op == "in":
